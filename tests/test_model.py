@@ -1,0 +1,180 @@
+"""Tests for transformer_jax.model: shapes, validation, parameter counts and causal properties."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_jax import model as model_lib
+from transformer_jax.model import ModelConfig, Transformer
+
+VOCAB, SRC_LEN, TGT_LEN, BATCH = 37, 7, 9, 3
+
+
+def _tiny(**overrides) -> ModelConfig:
+    fields = dict(vocab_size=VOCAB, d_model=15, d_ff=17, num_heads=3, d_k=5, d_v=7,
+                  num_encoder_layers=2, num_decoder_layers=2, max_len=16, deterministic=True)
+    fields.update(overrides)
+    return ModelConfig(**fields)
+
+
+def _tokens(seed, shape):
+    return jnp.asarray(np.random.default_rng(seed).integers(4, VOCAB, size=shape), jnp.int32)
+
+
+@pytest.fixture(scope="module")
+def tiny_params():
+    return model_lib.init_params(_tiny(), rng=jax.random.key(0))
+
+
+def test_output_shape_and_dtype(tiny_params):
+    logits = Transformer(_tiny()).apply({"params": tiny_params}, _tokens(0, (BATCH, SRC_LEN)),
+                                        _tokens(1, (BATCH, TGT_LEN)))
+    assert logits.shape == (BATCH, TGT_LEN, VOCAB) and logits.dtype == jnp.float32
+    encoded = Transformer(_tiny()).apply({"params": tiny_params}, _tokens(0, (BATCH, SRC_LEN)),
+                                         method=Transformer.encode)
+    assert encoded.shape == (BATCH, SRC_LEN, 15)
+
+
+def test_bfloat16_compute_keeps_float32_params_and_logits(tiny_params):
+    cfg = _tiny(dtype="bfloat16")
+    params = model_lib.init_params(cfg, rng=jax.random.key(0))
+    assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
+    logits = Transformer(cfg).apply({"params": tiny_params}, _tokens(0, (BATCH, SRC_LEN)),
+                                    _tokens(1, (BATCH, TGT_LEN)))
+    assert logits.dtype == jnp.float32
+    full = Transformer(_tiny()).apply({"params": tiny_params}, _tokens(0, (BATCH, SRC_LEN)),
+                                      _tokens(1, (BATCH, TGT_LEN)))
+    np.testing.assert_allclose(logits, full, atol=0.1)  # same function, bf16 rounding only
+
+
+@pytest.mark.parametrize("overrides", [{}, {"position_encoding": "learned"}, {"norm_style": "pre"}])
+def test_param_count_formula_matches_initialized_model(overrides):
+    cfg = _tiny(**overrides)
+    params = model_lib.init_params(cfg, rng=jax.random.key(1))
+    assert sum(p.size for p in jax.tree.leaves(params)) == model_lib.param_count(cfg)
+
+
+def test_base_param_count_by_hand():
+    d, d_ff, vocab, n = 512, 2048, 37000, 6
+    attention = 4 * d * d  # W^Q, W^K, W^V, W^O; 8 heads x 64 = 512, no biases
+    ffn = d * d_ff + d_ff + d_ff * d + d
+    encoder_layer = attention + ffn + 2 * (2 * d)
+    decoder_layer = 2 * attention + ffn + 3 * (2 * d)
+    expected = n * encoder_layer + n * decoder_layer + vocab * d
+    assert expected == 63_045_632
+    assert model_lib.param_count(ModelConfig(vocab_size=vocab)) == expected
+
+
+def test_parameter_table_lists_every_table3_row():
+    from transformer_jax import paper
+
+    table = model_lib.table3_parameter_table(37000)
+    for row in paper.TABLE3:
+        assert f"| {row.name} |" in table
+    assert "| base | - | 63,045,632 | 63.0 | 65 |" in table
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(d_model=500, num_heads=8), "d_model=500 is not divisible by num_heads=8"),
+    (dict(d_model=0), "d_model must be a positive integer, got 0"),
+    (dict(d_ff=-3), "d_ff must be a positive integer, got -3"),
+    (dict(num_encoder_layers=0), "num_encoder_layers must be a positive integer"),
+    (dict(dropout_rate=1.0), r"dropout_rate must be in \[0, 1\), got 1.0"),
+    (dict(dropout_rate=-0.1), r"dropout_rate must be in \[0, 1\)"),
+    (dict(position_encoding="rotary"), "position_encoding must be one of .* got 'rotary'"),
+    (dict(norm_style="sandwich"), "norm_style must be one of"),
+    (dict(dtype="float16"), "dtype must be one of"),
+])
+def test_config_validation_errors(fields, message):
+    with pytest.raises(ValueError, match=message):
+        ModelConfig(vocab_size=VOCAB, **fields)
+
+
+def test_explicit_head_sizes_allow_indivisible_d_model():
+    cfg = ModelConfig(vocab_size=VOCAB, d_model=500, num_heads=8, d_k=64, d_v=32)
+    assert (cfg.d_k, cfg.d_v) == (64, 32)
+
+
+def test_sinusoidal_table_matches_the_formula():
+    table = model_lib.sinusoidal_table(11, 6)
+    pos, i = 7, 1
+    np.testing.assert_allclose(table[pos, 2 * i], np.sin(pos / 10000 ** (2 * i / 6)), atol=1e-6)
+    np.testing.assert_allclose(table[pos, 2 * i + 1], np.cos(pos / 10000 ** (2 * i / 6)), atol=1e-6)
+
+
+def test_future_target_perturbation_leaves_earlier_logits_bit_identical(tiny_params):
+    model = Transformer(_tiny())
+    inputs, targets = _tokens(2, (BATCH, SRC_LEN)), np.array(_tokens(3, (BATCH, TGT_LEN)))
+    base = np.asarray(model.apply({"params": tiny_params}, inputs, jnp.asarray(targets)))
+    t = 5  # decoder input position t+1 holds target t, so logits up to t must not move
+    perturbed = targets.copy()
+    perturbed[:, t:] = (perturbed[:, t:] + 7) % VOCAB
+    moved = np.asarray(model.apply({"params": tiny_params}, inputs, jnp.asarray(perturbed)))
+    np.testing.assert_array_equal(moved[:, : t + 1], base[:, : t + 1])
+    assert not np.allclose(moved[:, t + 1:], base[:, t + 1:])
+
+
+def test_decoder_receptive_field_has_no_gradient_from_the_future(tiny_params):
+    model = Transformer(_tiny())
+    inputs, targets = _tokens(4, (BATCH, SRC_LEN)), _tokens(5, (BATCH, TGT_LEN))
+    _, state = model.apply({"params": tiny_params}, inputs, targets, mutable=["perturbations"])
+    position = 4
+
+    def logit_sum_at_position(perturbations):
+        logits = model.apply({"params": tiny_params, "perturbations": perturbations},
+                             inputs, targets)
+        return logits[:, position].sum()
+
+    grads = jax.grad(logit_sum_at_position)(state["perturbations"])
+    grad = np.asarray(grads["decoder"]["embedded"])  # [B, T, d_model], w.r.t. decoder inputs
+    assert np.all(grad[:, position + 1:] == 0.0)
+    assert np.all(np.abs(grad[:, : position + 1]).sum(-1) > 0)
+
+
+def test_source_padding_is_invisible(tiny_params):
+    model = Transformer(_tiny())
+    inputs = np.array(_tokens(6, (BATCH, SRC_LEN)))
+    inputs[:, 5:] = 0
+    targets = _tokens(7, (BATCH, TGT_LEN))
+    base = model.apply({"params": tiny_params}, jnp.asarray(inputs), targets)
+    longer = np.concatenate([inputs, np.zeros((BATCH, 4), np.int32)], axis=1)  # more padding
+    padded = model.apply({"params": tiny_params}, jnp.asarray(longer), targets)
+    np.testing.assert_allclose(padded, base, atol=1e-5)
+
+
+def test_dropout_is_active_only_when_not_deterministic(tiny_params):
+    cfg = _tiny(deterministic=False, dropout_rate=0.3)
+    inputs, targets = _tokens(8, (BATCH, SRC_LEN)), _tokens(9, (BATCH, TGT_LEN))
+    run = lambda seed: Transformer(cfg).apply({"params": tiny_params}, inputs, targets,
+                                               rngs={"dropout": jax.random.key(seed)})
+    assert not np.allclose(run(0), run(1))
+    np.testing.assert_array_equal(run(2), run(2))
+
+
+def test_cached_decoding_matches_the_full_causal_forward(tiny_params):
+    cfg = _tiny()
+    inputs, targets = _tokens(10, (BATCH, SRC_LEN)), _tokens(11, (BATCH, TGT_LEN))
+    full = Transformer(cfg).apply({"params": tiny_params}, inputs, targets)
+    decoder_inputs = model_lib.shift_right(targets)
+    model = Transformer(cfg)
+    encoded = model.apply({"params": tiny_params}, inputs, method=Transformer.encode)
+    step_model = Transformer(cfg.replace(decode=True, decode_cache_len=TGT_LEN))
+    _, state = step_model.apply({"params": tiny_params}, encoded, inputs, decoder_inputs[:, :1],
+                                method=Transformer.decode, mutable=["cache"])
+    cache = state["cache"]
+    steps = []
+    for t in range(TGT_LEN):
+        logits, state = step_model.apply({"params": tiny_params, "cache": cache}, encoded, inputs,
+                                         decoder_inputs[:, t:t + 1], method=Transformer.decode,
+                                         mutable=["cache"])
+        cache = state["cache"]
+        steps.append(logits[:, 0])
+    np.testing.assert_allclose(np.stack(steps, axis=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_runtime_witness_passes_on_the_model(tiny_params):
+    cfg = _tiny(attention_witness=True)
+    logits = jax.jit(lambda p, i, t: Transformer(cfg).apply({"params": p}, i, t))(
+        tiny_params, _tokens(12, (BATCH, SRC_LEN)), _tokens(13, (BATCH, TGT_LEN)))
+    assert np.all(np.isfinite(np.asarray(logits)))
