@@ -1,0 +1,174 @@
+"""Tests for transformer_jax.bleu: hand-computed BLEU, the ATAT compound split, and the protocol choices."""
+
+import json
+import math
+import shutil
+import subprocess
+
+import pytest
+import sacremoses
+
+from transformer_jax import bleu
+
+ATAT = "##AT##-##AT##"
+
+# Two sentences of plain lowercase words, so that 13a and Moses tokenization both leave them as they are.
+HYP = ["the cat is on the mat", "there is a cat on the mat"]
+REF = ["the cat sat on the mat", "there is a cat on the mat too"]
+# Clipped matches / hypothesis n-grams, per sentence:
+#   1-grams: s1 the,cat,on,the,mat = 5/6 (ref has "the" twice); s2 7/7             -> 12/13
+#   2-grams: s1 "the cat","on the","the mat" = 3/5; s2 6/6                          -> 9/11
+#   3-grams: s1 "on the mat" = 1/4; s2 5/5                                          -> 6/9
+#   4-grams: s1 0/3; s2 4/4                                                         -> 4/7
+# hyp_len = 6 + 7 = 13, ref_len = 6 + 8 = 14, so BP = exp(1 - 14/13).
+HAND_PRECISIONS = (12 / 13, 9 / 11, 6 / 9, 4 / 7)
+HAND_BP = math.exp(1 - 14 / 13)
+HAND_BLEU = 100 * HAND_BP * (12 / 13 * 9 / 11 * 6 / 9 * 4 / 7) ** 0.25  # = 67.8161...
+
+
+@pytest.mark.parametrize("score_fn", [bleu.sacrebleu_score, lambda h, r: bleu.tokenized_bleu(h, r, "en")])
+def test_corpus_bleu_matches_hand_computation(score_fn):
+    result = score_fn(HYP, REF)
+    assert result.score == pytest.approx(HAND_BLEU, abs=1e-6)
+    assert result.score == pytest.approx(67.8161, abs=1e-4)
+    assert result.precisions == pytest.approx([100 * p for p in HAND_PRECISIONS], abs=1e-6)
+    assert result.bp == pytest.approx(HAND_BP, abs=1e-9)
+    assert result.ratio == pytest.approx(13 / 14, abs=1e-9)
+    assert (result.hyp_len, result.ref_len) == (13, 14)
+
+
+def test_smoothing_sacrebleu_exp_vs_multibleu_none():
+    # Sentence 1 alone: 5/6, 3/5, 1/4, 0/3, BP = 1 (6 tokens each side).
+    sacre = bleu.sacrebleu_score(HYP[:1], REF[:1])
+    tokenized = bleu.tokenized_bleu(HYP[:1], REF[:1], "en")
+    # multi-bleu.perl has no smoothing: one zero precision makes BLEU 0.
+    assert tokenized.score == 0.0
+    assert tokenized.precisions == pytest.approx([500 / 6, 60.0, 25.0, 0.0], abs=1e-6)
+    # sacreBLEU "exp" smoothing replaces the k-th zero count by 1 / 2^k: p4 = 1 / (2 * 3).
+    assert sacre.precisions[3] == pytest.approx(100 / 6, abs=1e-6)
+    assert sacre.score == pytest.approx(100 * (5 / 6 * 3 / 5 * 1 / 4 * 1 / 6) ** 0.25, abs=1e-6)  # 37.9918
+
+
+def test_brevity_penalty_only_for_short_hypotheses():
+    long_hyp = bleu.tokenized_bleu(["a b c d e f"], ["a b c d e"], "en")
+    assert long_hyp.bp == 1.0
+    assert long_hyp.ratio == pytest.approx(6 / 5, abs=1e-9)
+    short = bleu.tokenized_bleu(["a b c d"], ["a b c d e"], "en")
+    assert short.bp == pytest.approx(math.exp(1 - 5 / 4), abs=1e-9)
+    assert short.score == pytest.approx(100 * math.exp(1 - 5 / 4), abs=1e-6)  # all precisions are 1
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("state-of-the-art", f"state {ATAT} of {ATAT} the {ATAT} art"),
+    ("well-known", f"well {ATAT} known"),
+    # Non-overlapping, like perl's s///g: after "a-b" the scan resumes at "-c", which cannot match.
+    ("a-b-c", f"a {ATAT} b-c"),
+    ("1-2-3", f"1 {ATAT} 2-3"),
+    ("x--y", f"x {ATAT} -y"),
+    # perl reads bytes, so "ü" is two \S and the scan resumes inside it: both hyphens split.
+    ("a-ü-b", f"a {ATAT} ü {ATAT} b"),
+    ("Ost-West-Konflikt", f"Ost {ATAT} West {ATAT} Konflikt"),
+    ("- a - b -", "- a - b -"),  # a hyphen between spaces is no compound
+])
+def test_split_compounds_exact(text, expected):
+    assert bleu.split_compounds(text) == expected
+
+
+@pytest.mark.skipif(shutil.which("perl") is None, reason="perl not installed")
+def test_split_compounds_matches_perl():
+    lines = ["a-b-c", "state-of-the-art", "a-ü-b", "x--y", "Å-x", "x-\u00a0-y", "e-ä-i-ö-u", "a - b -c d-",
+             "Nord-Süd-Ost-West", "„Ost-West“-Konflikt"]
+    script = r"s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g"
+    # An empty environment: no PERL_UNICODE, so perl reads bytes as get_ende_bleu.sh's perl did.
+    stdin = "\n".join(lines).encode("utf-8") + b"\n"
+    perl = subprocess.run([shutil.which("perl"), "-ple", script], input=stdin, capture_output=True,
+                          check=True, env={})
+    assert perl.stdout.decode("utf-8").splitlines() == [bleu.split_compounds(line) for line in lines]
+
+
+def test_moses_tokenization_separates_punctuation():
+    assert bleu.moses_tokenize("Hello, world!", "en") == "Hello , world !"
+    assert bleu.moses_tokenize("Das ist gut.", "de") == "Das ist gut ."
+    # Compounds stay whole (no -a) until the ATAT split.
+    assert bleu.moses_tokenize("Ost-West-Konflikt", "de") == "Ost-West-Konflikt"
+    # tokenizer.perl escapes XML characters by default.
+    assert bleu.moses_tokenize('Er sagte "ja" & ging.', "de") == "Er sagte &quot; ja &quot; &amp; ging ."
+
+
+@pytest.mark.parametrize("lang", ["en", "de", "fr"])
+def test_escaping_does_not_change_the_split_tokens(lang):
+    """Escaping then splitting == splitting then escaping, one token for one token: BLEU is unchanged."""
+    escape_xml = sacremoses.MosesTokenizer(lang).escape_xml
+    sentences = ["a-'-b", "rock-'n'-roll", 'x-"y"-z', "a-&-b", "[a]-[b]", "x-|-y", "<a>-<b>", "l'-homme",
+                 "it's-a-'test'", "AT&T-Aktie", "Er sagte: „Ost-West“-Konflikt & [so] |x|."]
+    for sentence in sentences:
+        escaped = bleu.split_compounds(bleu.moses_tokenize(sentence, lang))
+        plain = bleu.split_compounds(bleu.moses_tokenize(sentence, lang, escape=False))
+        assert escaped.split() == [escape_xml(token) for token in plain.split()], sentence
+
+
+def test_compound_split_bleu_is_higher_on_hyphenated_compounds():
+    hyp = ["Die Ost-West-Beziehungen sind gut."]
+    ref = ["Die Ost-West-Verhandlungen sind gut."]
+    sacre = bleu.sacrebleu_score(hyp, ref)
+    tokenized = bleu.tokenized_bleu(hyp, ref, "de")
+    # 13a keeps the compound as one token: Die | Ost-West-Beziehungen | sind | gut | .
+    #   4/5, 2/4, 1/3, 0/2 -> exp smoothing 1/(2*2); BP = 1.
+    assert sacre.hyp_len == 5
+    assert sacre.score == pytest.approx(100 * (4 / 5 * 2 / 4 * 1 / 3 * 1 / 4) ** 0.25, abs=1e-6)  # 42.7287
+    # ATAT: Die Ost ## West ## Beziehungen sind gut .  (## = ##AT##-##AT##), 9 tokens
+    #   8/9, 6/8, 4/7, 2/6; BP = 1.
+    assert tokenized.hyp_len == 9
+    # = 59.6951
+    assert tokenized.score == pytest.approx(100 * (8 / 9 * 6 / 8 * 4 / 7 * 2 / 6) ** 0.25, abs=1e-6)
+    assert tokenized.score > sacre.score + 10
+
+
+def test_case_sensitive():
+    ref = ["the cat sat on the mat"]
+    assert bleu.tokenized_bleu(["the cat sat on the mat"], ref, "en").score == pytest.approx(100.0)
+    assert bleu.tokenized_bleu(["The cat sat on the mat"], ref, "en").score < 100.0
+    assert bleu.sacrebleu_score(["The cat sat on the mat"], ref).score < 100.0
+
+
+def test_normalize_hypotheses_only_touches_hypotheses():
+    hyp, ref = ["Er sagte “ja” und ging nach Hause."], ['Er sagte "ja" und ging nach Hause.']
+    assert bleu.tokenized_bleu(hyp, ref, "de").score < 100.0
+    normalized = bleu.tokenized_bleu(hyp, ref, "de", normalize_hypotheses=True)
+    assert normalized.score == pytest.approx(100.0, abs=1e-9)
+    # The reference is never normalized: curly quotes there stay unmatched by straight ones.
+    assert bleu.tokenized_bleu(ref, hyp, "de", normalize_hypotheses=True).score < 100.0
+
+
+def test_empty_hypothesis_scores_zero():
+    ref = ["the cat sat"]
+    for result in (bleu.sacrebleu_score([""], ref), bleu.tokenized_bleu([""], ref, "de")):
+        assert result.score == 0.0
+        assert (result.hyp_len, result.ref_len) == (0, 3)
+    mixed = bleu.tokenized_bleu(["", "the cat sat on the mat"], ["a b", "the cat sat on the mat"], "en")
+    assert 0.0 < mixed.score < 100.0
+
+
+def test_bad_corpora_raise():
+    with pytest.raises(ValueError, match="2 hypotheses but 1 references"):
+        bleu.sacrebleu_score(["a", "b"], ["a"])
+    with pytest.raises(ValueError, match="empty corpus"):
+        bleu.tokenized_bleu([], [], "de")
+    with pytest.raises(ValueError, match="single string"):
+        bleu.sacrebleu_score("a b c", "a b c")
+    with pytest.raises(ValueError, match=r"references\[0\] is list"):
+        bleu.tokenized_bleu(["a"], [["a"]], "de")
+
+
+def test_signatures_and_to_dict():
+    sacre = bleu.sacrebleu_score(HYP, REF)
+    for part in ("nrefs:1", "case:mixed", "tok:13a", "smooth:exp"):
+        assert part in sacre.signature
+    tokenized = bleu.tokenized_bleu(HYP, REF, "de")
+    for part in ("tok:moses-de+escape", "compound-split:atat", "smooth:none", "normalize-hyp:no"):
+        assert part in tokenized.signature
+    as_dict = tokenized.to_dict()
+    assert set(as_dict) == {"score", "precisions", "bp", "ratio", "hyp_len", "ref_len", "signature"}
+    assert json.loads(json.dumps(as_dict)) == as_dict
+    with pytest.raises(AttributeError):
+        tokenized.score = 1.0

@@ -1,0 +1,103 @@
+"""Tests for transformer_jax.report: the paper-comparison table."""
+
+import pytest
+
+from transformer_jax import bleu, paper, report
+
+RESULTS = {"tokenized_bleu": 26.91, "sacrebleu": 25.87, "ppl": 4.97, "step": 100_000, "num_sentences": 3003}
+
+
+def _row(table: str, metric: str) -> list[str]:
+    """The cells of the markdown row whose first cell starts with ``metric``."""
+    for line in table.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[0].startswith(metric):
+            return cells
+    raise AssertionError(f"no row {metric!r} in:\n{table}")
+
+
+def test_en_de_base_test_uses_table2():
+    table = report.paper_comparison_table("wmt14_en_de_base", "test", RESULTS)
+    assert "Table 2" in table and "newstest2014" in table
+    assert _row(table, "BLEU, tokenized") == ["BLEU, tokenized + compound-split", "26.91", "27.3",
+                                              "the paper's protocol: compare this number; Δ = -0.39"]
+    sacre = _row(table, "sacreBLEU")
+    assert sacre[1:3] == ["25.87", "—"]
+    assert "reference only" in sacre[3]
+    assert _row(table, "training steps")[1:3] == ["100,000", "100,000"]
+    assert "last 5 checkpoints" in _row(table, "training steps")[3]
+    assert "`tokenized_bleu`" in table and "0.7-1.9" in table
+    assert "†" not in table  # the EN-FR flag does not leak into EN-DE
+
+
+def test_en_de_base_dev_uses_table3():
+    table = report.paper_comparison_table("wmt14_en_de_base", "dev", RESULTS)
+    assert "Table 3" in table and "newstest2013" in table
+    assert _row(table, "BLEU, tokenized")[1:3] == ["26.91", "25.8"]
+    assert _row(table, "perplexity")[1:3] == ["4.97", "4.92"]
+    assert "not the full set" in _row(table, "sentences")[3]  # newstest2013 has 3000 sentences
+
+
+def test_en_fr_big_inconsistency_is_flagged():
+    table = report.paper_comparison_table("wmt14_en_fr_big", "test", RESULTS)
+    assert _row(table, "BLEU, tokenized")[2] == "41.8 †"
+    flag = [line for line in table.splitlines() if line.startswith("†")]
+    assert flag == [f"† Inconsistent paper figure: {paper.TABLE2['big'].note}"]
+    assert "41.0" in flag[0]
+    assert "EN-FR BLEU protocol" in table
+    assert "32,000 word-piece" in _row(table, "perplexity")[3]
+    assert _row(table, "training steps")[2] == "300,000"
+
+
+def test_en_de_big():
+    table = report.paper_comparison_table("wmt14_en_de_big", "test", RESULTS)
+    assert _row(table, "BLEU, tokenized")[2] == "28.4"
+    assert "†" not in table
+    assert _row(report.paper_comparison_table("wmt14_en_de_big", "dev", RESULTS), "perplexity")[2] == "4.33"
+
+
+@pytest.mark.parametrize("name", ["C-dmodel256", "table3/C-dmodel256"])
+def test_table3_row_names_resolve(name):
+    table = report.paper_comparison_table(name, "dev", RESULTS)
+    assert "row 'C-dmodel256'" in table
+    assert _row(table, "BLEU, tokenized")[2] == "24.5"
+    assert _row(table, "perplexity")[2] == "5.75"
+
+
+def test_every_table3_row_resolves():
+    for row in paper.TABLE3:
+        reference = report.paper_reference(f"table3/{row.name}", "dev")
+        assert (reference.bleu, reference.ppl) == (row.bleu_dev, row.ppl_dev)
+        assert reference.train_steps == row.config()["train_steps"]
+
+
+def test_table3_base_and_big_map_to_table2_on_test():
+    assert report.paper_reference("table3/base", "test").bleu == 27.3
+    assert report.paper_reference("big", "test").bleu == 28.4
+    assert report.paper_reference("C-dmodel256", "test") is None
+    assert "use split 'dev'" in report.paper_comparison_table("C-dmodel256", "test", RESULTS)
+
+
+@pytest.mark.parametrize("name, split", [("default", "test"), ("multi30k", "dev"), ("wmt14_en_fr_big", "dev"),
+                                         ("table3/no-such-row", "dev")])
+def test_no_paper_row(name, split):
+    table = report.paper_comparison_table(name, split, RESULTS)
+    assert f"The paper has no row for config {name!r}" in table
+    assert _row(table, "BLEU, tokenized")[1:3] == ["26.91", "—"]
+    assert _row(table, "sentences")[1] == "3,003"
+
+
+def test_missing_results_and_bleu_result_objects():
+    result = bleu.tokenized_bleu(["the cat sat on the mat"], ["the cat sat on the mat"], "en")
+    table = report.paper_comparison_table("wmt14_en_de_base", "test",
+                                          {"tokenized_bleu": result, "sacrebleu": result.to_dict()})
+    assert _row(table, "BLEU, tokenized")[1] == "100.00"
+    assert _row(table, "sacreBLEU")[1] == "100.00"
+    assert _row(table, "training steps")[1] == "—"
+    empty = report.paper_comparison_table("wmt14_en_de_base", "test", {})
+    assert _row(empty, "BLEU, tokenized")[1:3] == ["—", "27.3"]
+
+
+def test_unknown_split_raises():
+    with pytest.raises(ValueError, match="split='valid'"):
+        report.paper_comparison_table("wmt14_en_de_base", "valid", RESULTS)

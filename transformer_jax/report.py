@@ -1,0 +1,178 @@
+"""Evaluation reports: this run's numbers beside the paper's, as a markdown table.
+
+The paper's figures come from ``transformer_jax.paper``: Table 2 (newstest2014, the ``"test"`` split,
+BLEU only, checkpoint-averaged) and Table 3 (newstest2013, the ``"dev"`` split, per-wordpiece perplexity
+and BLEU, EN-DE, no checkpoint averaging). A config is matched to paper rows through
+``paper.CONFIG_TO_PAPER`` (e.g. ``wmt14_en_de_base``); a Table 3 row name (``C-dmodel256``) or
+``table3/<row>`` names that row directly, and the ``base`` and ``big`` rows also match Table 2 EN-DE.
+
+The paper's BLEU is tokenized and compound-split (see ``transformer_jax.bleu``), so the comparable
+number of a run is ``tokenized_bleu``; sacreBLEU is shown for reference only. Inconsistent paper figures
+(the EN-FR big score) are flagged in a footnote, never silently picked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from transformer_jax import paper
+
+TEST_SETS = {"test": "newstest2014", "dev": "newstest2013"}
+# Sentences in the full test sets; a smaller count means a subset, whose BLEU is not the paper's.
+FULL_TEST_SET_SENTENCES = {"test": 3003, "dev": 3000}
+LANG_PAIRS = {"en_de": "EN-DE", "en_fr": "EN-FR"}
+PAPER_VOCAB = {"EN-DE": f"{paper.VOCAB_EN_DE:,} shared BPE", "EN-FR": f"{paper.VOCAB_EN_FR:,} word-piece"}
+# Measured on identical outputs: tokenized compound-split BLEU minus sacreBLEU
+# (paper_tables.json, bleu_protocol.measured_gaps_same_outputs).
+SACREBLEU_GAP = "about 0.7-1.9"
+_NONE = "—"
+
+
+@dataclasses.dataclass(frozen=True)
+class PaperReference:
+    """The paper's row that a run on one split is compared with."""
+
+    source: str  # e.g. "Table 2, Transformer (big), EN-FR"
+    lang_pair: str  # "EN-DE" or "EN-FR"
+    bleu: float
+    ppl: float | None  # Table 3 only
+    train_steps: int
+    average_last: int | None  # checkpoints averaged (Table 2); None for Table 3
+    inconsistency: str = ""  # the paper contradicts itself about ``bleu``; say so wherever it is shown
+
+
+def paper_reference(config_name: str, split: str) -> PaperReference | None:
+    """The paper's row for ``config_name`` on ``split`` ("test" or "dev"), or None when it has none."""
+    _check_split(split)
+    row_name = config_name.removeprefix("table3/")
+    mapping = paper.CONFIG_TO_PAPER.get(config_name)
+    if split == "test":
+        if mapping is not None:
+            table2_key = mapping.get("table2")
+        else:  # Table 3 is EN-DE, and its base and big rows are the models of Table 2.
+            in_both = row_name in paper.TABLE2 and row_name in paper.TABLE3_BY_NAME
+            table2_key = (row_name, "en_de") if in_both else None
+        return None if table2_key is None else _table2_reference(*table2_key)
+    table3_name = mapping.get("table3") if mapping is not None else row_name
+    row = paper.TABLE3_BY_NAME.get(table3_name) if table3_name is not None else None
+    if row is None:
+        return None
+    return PaperReference(
+        source=f"Table 3, row {row.name!r}, EN-DE", lang_pair="EN-DE", bleu=row.bleu_dev, ppl=row.ppl_dev,
+        train_steps=row.config()["train_steps"], average_last=None)
+
+
+def paper_comparison_table(config_name: str, split: str, results: Mapping[str, Any]) -> str:
+    """A markdown table of this run's evaluation beside the paper's row for the config.
+
+    Args:
+      config_name: the config's name, e.g. "wmt14_en_de_base", "C-dmodel256" or "table3/C-dmodel256".
+      split: "test" (newstest2014, Table 2) or "dev" (newstest2013, Table 3).
+      results: this run's numbers; recognised keys are ``tokenized_bleu``, ``sacrebleu`` (floats, or
+        ``bleu.BleuResult``s or their ``to_dict()``), ``ppl``, ``step`` and ``num_sentences``.
+        Missing keys are shown as a dash.
+
+    Returns:
+      A heading line, the table (columns: metric, this run, paper, note) and footnote lines. Configs with
+      no paper row (synthetic data, Multi30k, ...) get this run's numbers and a line saying so.
+    """
+    reference = paper_reference(config_name, split)
+    test_set = TEST_SETS[split]
+    tokenized, sacre = _number(results.get("tokenized_bleu")), _number(results.get("sacrebleu"))
+    ppl, step = _number(results.get("ppl")), _number(results.get("step"))
+    num_sentences = _number(results.get("num_sentences"))
+
+    if reference is None:
+        table = "Table 2" if split == "test" else "Table 3"
+        lines = [f"**{config_name}**, split {split!r}", "",
+                 f"The paper has no row for config {config_name!r} on split {split!r} ({table}, {test_set}); "
+                 "this run's numbers only.", ""]
+        if split == "test" and config_name.removeprefix("table3/") in paper.TABLE3_BY_NAME:
+            lines[-1:-1] = ["Table 3 reports newstest2013 only: use split 'dev' to compare this row."]
+        rows = [("BLEU, tokenized + compound-split", _fmt(tokenized), _NONE, ""),
+                ("sacreBLEU (13a, detokenized)", _fmt(sacre), _NONE, ""),
+                ("perplexity (per wordpiece)", _fmt(ppl), _NONE, ""),
+                ("training steps", _fmt_int(step), _NONE, ""),
+                ("sentences", _fmt_int(num_sentences), _NONE, "")]
+        return "\n".join(lines + _markdown(rows)) + "\n"
+
+    mark = " †" if reference.inconsistency else ""
+    delta = f"; Δ = {tokenized - reference.bleu:+.2f}" if tokenized is not None else ""
+    if split == "test":
+        bleu_note = f"the paper's protocol: compare this number{delta}"
+        steps_note = f"paper averages the last {reference.average_last} checkpoints"
+    else:
+        bleu_note = f"beam search, no checkpoint averaging{delta}"
+        steps_note = "no checkpoint averaging in Table 3"
+    full = FULL_TEST_SET_SENTENCES[split]
+    sentences_note = f"full {test_set} has {full:,}" + (
+        "; not the full set, not comparable" if num_sentences is not None and num_sentences != full else "")
+    rows = [
+        ("BLEU, tokenized + compound-split", _fmt(tokenized), f"{reference.bleu}{mark}", bleu_note),
+        ("sacreBLEU (13a, detokenized)", _fmt(sacre), _NONE,
+         f"reference only, not the paper's protocol; typically {SACREBLEU_GAP} below tokenized"),
+    ]
+    if reference.ppl is not None or ppl is not None:
+        paper_ppl = _NONE if reference.ppl is None else f"{reference.ppl}"
+        rows.append(("perplexity (per wordpiece)", _fmt(ppl), paper_ppl,
+                     f"depends on the vocabulary (paper: {PAPER_VOCAB[reference.lang_pair]})"
+                     + ("" if reference.ppl is not None else "; not in Table 2")))
+    rows += [("training steps", _fmt_int(step), f"{reference.train_steps:,}", steps_note),
+             ("sentences", _fmt_int(num_sentences), _NONE, sentences_note)]
+
+    lines = [f"**{config_name}** on {test_set} ({split}) vs. the paper's {reference.source}", ""]
+    lines += _markdown(rows)
+    lines += ["", "The paper's BLEU is tokenized, compound-split BLEU (Moses tokenizer, hyphenated "
+                  "compounds split as ##AT##-##AT##, multi-bleu.perl; tensor2tensor's get_ende_bleu.sh): "
+                  "the comparable number of this run is `tokenized_bleu`. sacreBLEU is shown for reference; "
+                  f"on the same outputs it typically reads {SACREBLEU_GAP} BLEU lower."]
+    if reference.lang_pair == "EN-FR":
+        lines.append("EN-FR: the paper does not document its EN-FR BLEU protocol (get_ende_bleu.sh is "
+                     "EN-DE); the comparison assumes the same tokenized, compound-split protocol.")
+    if reference.inconsistency:
+        lines.append(f"† Inconsistent paper figure: {reference.inconsistency}")
+    return "\n".join(lines) + "\n"
+
+
+def _table2_reference(row_name: str, lang: str) -> PaperReference:
+    row = paper.TABLE2[row_name]
+    lang_pair = LANG_PAIRS[lang]
+    # The row's note names the language pair it concerns ("EN-FR: ..."); flag it only for that pair.
+    inconsistency = row.note if lang_pair in row.note else ""
+    return PaperReference(
+        source=f"Table 2, {row.model}, {lang_pair}", lang_pair=lang_pair,
+        bleu=row.bleu_en_de if lang == "en_de" else row.bleu_en_fr, ppl=None,
+        train_steps=paper.TABLE3_BY_NAME[row_name].config()["train_steps"],
+        average_last=paper.AVERAGE_LAST[row_name], inconsistency=inconsistency)
+
+
+def _check_split(split: str) -> None:
+    if split not in TEST_SETS:
+        raise ValueError(f"split={split!r} is not one of 'test' (newstest2014, Table 2) or 'dev' "
+                         "(newstest2013, Table 3)")
+
+
+def _number(value: Any) -> float | None:
+    """A float from a number, a ``BleuResult`` or its ``to_dict()``; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        value = value["score"]
+    elif hasattr(value, "score"):
+        value = value.score
+    return float(value)
+
+
+def _fmt(value: float | None) -> str:
+    return _NONE if value is None else f"{value:.2f}"
+
+
+def _fmt_int(value: float | None) -> str:
+    return _NONE if value is None else f"{int(value):,}"
+
+
+def _markdown(rows: list[tuple[str, str, str, str]]) -> list[str]:
+    lines = ["| metric | this run | paper | note |", "|---|---:|---:|---|"]
+    return lines + [f"| {metric} | {ours} | {theirs} | {note} |" for metric, ours, theirs, note in rows]
