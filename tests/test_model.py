@@ -178,3 +178,20 @@ def test_runtime_witness_passes_on_the_model(tiny_params):
     logits = jax.jit(lambda p, i, t: Transformer(cfg).apply({"params": p}, i, t))(
         tiny_params, _tokens(12, (BATCH, SRC_LEN)), _tokens(13, (BATCH, TGT_LEN)))
     assert np.all(np.isfinite(np.asarray(logits)))
+
+
+def test_blockwise_attention_model_matches_dense(tiny_params):
+    inputs = np.array(_tokens(14, (BATCH, SRC_LEN)))
+    inputs[0, 4:] = 0
+    targets = _tokens(15, (BATCH, TGT_LEN))
+    dense = Transformer(_tiny()).apply({"params": tiny_params}, jnp.asarray(inputs), targets)
+    blockwise = Transformer(_tiny(attention_impl="blockwise", attention_block_size=4)).apply(
+        {"params": tiny_params}, jnp.asarray(inputs), targets)
+    np.testing.assert_allclose(blockwise, dense, atol=1e-5, rtol=1e-5)
+
+
+def test_blockwise_rejects_options_it_cannot_honour():
+    with pytest.raises(ValueError, match="attention_witness"):
+        _tiny(attention_impl="blockwise", attention_witness=True)
+    with pytest.raises(ValueError, match="attention_dropout_rate"):
+        _tiny(attention_impl="blockwise", attention_dropout_rate=0.1)

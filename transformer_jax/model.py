@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import attention
+from transformer_jax import attention, blockwise_attention
 from transformer_jax.sharding import BATCH, EMBED, HEADS, KV, LENGTH, MLP, VOCAB
 
 Array = jax.Array
@@ -37,7 +37,7 @@ BOS_ID = 3  # begin token that starts the shifted-right decoder input (matches t
 
 POSITION_ENCODINGS = ("sinusoidal", "learned")
 NORM_STYLES = ("post", "pre")
-ATTENTION_IMPLEMENTATIONS = ("dense",)
+ATTENTION_IMPLEMENTATIONS = ("dense", "blockwise")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
@@ -62,7 +62,8 @@ class ModelConfig:
     max_len: int = 256  # longest position the position table covers
     position_encoding: str = "sinusoidal"  # or "learned" (Table 3 row E)
     norm_style: str = "post"  # "post" is the paper's LayerNorm(x + Sublayer(x))
-    attention_impl: str = "dense"
+    attention_impl: str = "dense"  # or "blockwise": memory O(n) in length (FlashAttention-style)
+    attention_block_size: int = 512  # query/key block of the blockwise implementation
     decode_cache_len: int | None = None  # decoder self-attention cache length; None: max_len
     dtype: str = "float32"  # compute dtype; parameters are always float32
     attention_witness: bool = False  # check every attention map at run time (debugging, slow)
@@ -76,7 +77,7 @@ class ModelConfig:
         if self.d_v is None:
             object.__setattr__(self, "d_v", self._default_head_dim("d_v"))
         for name in ("vocab_size", "d_model", "d_ff", "num_heads", "d_k", "d_v",
-                     "num_encoder_layers", "num_decoder_layers", "max_len"):
+                     "num_encoder_layers", "num_decoder_layers", "max_len", "attention_block_size"):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -93,6 +94,12 @@ class ModelConfig:
                               ("dtype", tuple(DTYPES))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.attention_impl == "blockwise" and (self.attention_witness
+                                                   or self.attention_dropout_rate > 0):
+            raise ValueError(
+                "attention_impl='blockwise' never forms the attention weights, so it supports neither "
+                f"attention_witness=True nor attention_dropout_rate > 0; got attention_witness="
+                f"{self.attention_witness}, attention_dropout_rate={self.attention_dropout_rate}")
 
     def _default_head_dim(self, name: str) -> int:
         if not isinstance(self.num_heads, int) or self.num_heads <= 0:
@@ -220,6 +227,7 @@ class MultiHeadAttention(nn.Module):
 
     config: ModelConfig
     kind: str = "self"  # "self" or "cross"; matters only in decode mode
+    causal: bool = False  # decoder self-attention: position i attends to positions <= i
 
     def _kernel(self, name: str, head_dim: int) -> Array:
         cfg = self.config
@@ -240,8 +248,8 @@ class MultiHeadAttention(nn.Module):
         Args:
           inputs_q: float[batch, q_len, d_model].
           inputs_kv: float[batch, kv_len, d_model].
-          mask: bool[batch|1, 1, q_len|1, kv_len], True = may attend. Decoder self-attention in decode
-            mode builds its own mask from the cache index and ignores this one.
+          mask: bool[batch|1, 1, q_len|1, kv_len], True = may attend, or None. With ``causal`` the
+            causal mask is added here; in decode mode it comes from the cache index instead.
 
         Returns:
           float[batch, q_len, d_model].
@@ -256,14 +264,22 @@ class MultiHeadAttention(nn.Module):
             key, value = self._cross_attention_cache(inputs_kv, key_kernel, value_kernel)
         else:
             key, value = self._project(inputs_kv, key_kernel), self._project(inputs_kv, value_kernel)
-        dropout_rng = None
-        if not cfg.deterministic and cfg.attention_dropout_rate > 0:
-            dropout_rng = self.make_rng("dropout")
-        out, weights = attention.dot_product_attention(
-            query, key, value, mask, return_weights=True,
-            dropout_rate=0.0 if dropout_rng is None else cfg.attention_dropout_rate, rng=dropout_rng)
-        if cfg.attention_witness:
-            attention.witness_in_jit(weights, mask)
+        causal = self.causal and not cfg.decode  # decode mode masks by the cache index instead
+        if cfg.attention_impl == "blockwise":
+            out = blockwise_attention.blockwise_attention(
+                query, key, value, mask, causal=causal, block_size=cfg.attention_block_size)
+        else:
+            if causal:
+                mask = attention.combine_masks(mask, attention.causal_mask(query.shape[1]))
+            dropout_rng = None
+            if not cfg.deterministic and cfg.attention_dropout_rate > 0:
+                dropout_rng = self.make_rng("dropout")
+            out, weights = attention.dot_product_attention(
+                query, key, value, mask, return_weights=True,
+                dropout_rate=0.0 if dropout_rng is None else cfg.attention_dropout_rate,
+                rng=dropout_rng)
+            if cfg.attention_witness:
+                attention.witness_in_jit(weights, mask)
         out_kernel = self.param(
             "out", nn.with_logical_partitioning(_dense_init(), (HEADS, KV, EMBED)),
             (cfg.num_heads, cfg.d_v, cfg.d_model), jnp.float32)
@@ -370,20 +386,18 @@ class DecoderLayer(nn.Module):
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, x: Array, encoded: Array, self_mask: Array | None,
-                 cross_mask: Array) -> Array:
+    def __call__(self, x: Array, encoded: Array, cross_mask: Array) -> Array:
         """Masked self-attention, encoder-decoder attention, FFN.
 
         Args:
           x: float[batch, tgt_len, d_model].
           encoded: float[batch, src_len, d_model].
-          self_mask: bool[1, 1, tgt_len, tgt_len] causal mask (None in cached decoding).
           cross_mask: bool[batch, 1, 1, src_len] source padding mask.
         """
         cfg = self.config
-        self_attention = MultiHeadAttention(cfg, kind="self", name="self_attention")
+        self_attention = MultiHeadAttention(cfg, kind="self", causal=True, name="self_attention")
         cross_attention = MultiHeadAttention(cfg, kind="cross", name="cross_attention")
-        x = Residual(cfg, name="self_attention_block")(x, lambda y: self_attention(y, y, self_mask))
+        x = Residual(cfg, name="self_attention_block")(x, lambda y: self_attention(y, y, None))
         x = Residual(cfg, name="cross_attention_block")(
             x, lambda y: cross_attention(y, encoded, cross_mask))
         return Residual(cfg, name="ffn_block")(x, FeedForward(cfg, name="ffn"))
@@ -427,13 +441,12 @@ class Decoder(nn.Module):
         """
         cfg = self.config
         cross_mask = attention.padding_mask(None, inputs)  # [B, 1, 1, S]
-        self_mask = None if cfg.decode else attention.causal_mask(decoder_input_tokens.shape[1])
         x = AddPositions(cfg, name="positions")(self.embed(decoder_input_tokens))
         x = self.perturb("embedded", x)  # identity; lets tests take gradients w.r.t. the inputs
         x = nn.Dropout(cfg.dropout_rate, deterministic=cfg.deterministic)(x)
         x = _constrain(x, (BATCH, LENGTH, EMBED))
         for i in range(cfg.num_decoder_layers):
-            x = DecoderLayer(cfg, name=f"layer_{i}")(x, encoded, self_mask, cross_mask)
+            x = DecoderLayer(cfg, name=f"layer_{i}")(x, encoded, cross_mask)
         if cfg.norm_style == "pre":
             x = _layer_norm(cfg, "final_norm")(x)
         return self.embed.attend(x)
