@@ -1,0 +1,262 @@
+"""Token-budget batches, iterator state, process shards (transformer_jax/data/batching.py)."""
+
+import collections
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from transformer_jax.data import (
+    EOS_ID,
+    PAD_ID,
+    default_data_config,
+    get_source,
+    load_or_train_tokenizer,
+    make_eval_batches,
+    make_train_iterator,
+    tokenize_pairs,
+)
+from transformer_jax.data.batching import bucket_batch_sizes, gather_padded
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+# Odd sizes everywhere: 997 train pairs, 3 processes, budget 1001 tokens.
+_CFG = dict(
+    vocab_size=257,
+    synthetic_train_size=997,
+    synthetic_dev_size=101,
+    synthetic_test_size=103,
+    tokens_per_batch=1001,
+    max_len=136,  # no synthetic pair is longer with this small vocabulary
+    length_buckets=(8, 16, 24, 40, 56, 72, 96, 136),
+)
+
+
+def _config(**overrides):
+    return default_data_config(**{**_CFG, **overrides})
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return load_or_train_tokenizer(_config(), str(tmp_path_factory.mktemp("w")))
+
+
+def _key(inputs_row: np.ndarray, targets_row: np.ndarray) -> tuple:
+    return tuple(inputs_row[inputs_row > 0]), tuple(targets_row[targets_row > 0])
+
+
+def _example_keys(data) -> collections.Counter:
+    return collections.Counter(
+        (
+            tuple(data.src_ids[data.src_offsets[i] : data.src_offsets[i + 1]]),
+            tuple(data.tgt_ids[data.tgt_offsets[i] : data.tgt_offsets[i + 1]]),
+        )
+        for i in range(len(data))
+    )
+
+
+def _epoch(iterator) -> list[dict]:
+    return [next(iterator) for _ in range(iterator.batches_per_epoch)]
+
+
+def _real_rows(batches) -> collections.Counter:
+    keys = collections.Counter()
+    for batch in batches:
+        for src, tgt in zip(batch["inputs"], batch["targets"], strict=True):
+            if src.any() or tgt.any():
+                keys[_key(src, tgt)] += 1
+    return keys
+
+
+# ----------------------------------------------------------------------------- hand-computed
+
+
+def test_gather_padded_hand_computed():
+    ids = np.array([5, 6, EOS_ID, 7, EOS_ID], np.int32)
+    offsets = np.array([0, 3, 5])
+    out = gather_padded(ids, offsets, np.array([1, -1, 0]), 4)
+    np.testing.assert_array_equal(out, [[7, 1, 0, 0], [0, 0, 0, 0], [5, 6, 1, 0]])
+    assert out.dtype == np.int32
+    with pytest.raises(ValueError, match="length 3 does not fit length 2"):
+        gather_padded(ids, offsets, np.array([0]), 2)
+
+
+def test_bucket_batch_sizes_hand_computed():
+    # 1001 // 8 = 125 -> 123 (multiple of 3); 1001 // 24 = 41 -> 39; 1001 // 40 = 25 -> 24.
+    assert bucket_batch_sizes((8, 24, 40), 1001, 3) == [123, 39, 24]
+    assert bucket_batch_sizes((8, 24, 40), 1001, 1) == [125, 41, 25]
+    assert bucket_batch_sizes((400,), 1001, 3) == [3]  # at least batch_multiple rows
+
+
+# ----------------------------------------------------------------------------- train batches
+
+
+def test_epoch_respects_budget_shapes_and_covers_every_example_once(tok):
+    cfg = _config()
+    it = make_train_iterator(cfg, tok, seed=3)
+    data = tokenize_pairs(get_source(cfg).pairs("train"), tok)
+    assert it.num_examples == 997 and it.num_dropped == 0
+    batches = _epoch(it)
+    shapes = set()
+    for batch in batches:
+        inputs, targets = batch["inputs"], batch["targets"]
+        assert inputs.dtype == np.int32 and targets.dtype == np.int32
+        assert inputs.shape == targets.shape
+        assert inputs.shape[0] * inputs.shape[1] <= cfg.tokens_per_batch
+        shapes.add(inputs.shape)
+    assert shapes <= set(it.shapes) and len(shapes) > 3
+    assert _real_rows(batches) == _example_keys(data)
+
+
+def test_rows_are_ids_then_eos_then_pad(tok):
+    it = make_train_iterator(_config(), tok, seed=5)
+    for batch in _epoch(it):
+        for side in ("inputs", "targets"):
+            for row in batch[side]:
+                if not row.any():
+                    continue
+                (eos,) = np.flatnonzero(row == EOS_ID)  # exactly one EOS
+                assert (row[:eos] > EOS_ID).all() and (row[eos + 1 :] == PAD_ID).all()
+
+
+def test_smallest_fitting_bucket_and_few_filler_rows(tok):
+    it = make_train_iterator(_config(), tok, seed=7)
+    buckets = list(it.bucket_lengths)
+    filler = collections.Counter()
+    for batch in _epoch(it):
+        length = batch["inputs"].shape[1]
+        used = np.maximum((batch["inputs"] > 0).sum(1), (batch["targets"] > 0).sum(1))
+        real = used > 0
+        smaller = buckets[buckets.index(length) - 1] if length != buckets[0] else 0
+        assert (used[real] > smaller).all() and (used[real] <= length).all()
+        filler[length] += int((~real).sum())
+    for length, rows in filler.items():  # only each bucket's last batch is padded
+        assert rows < it.batch_sizes[buckets.index(length)]
+
+
+def test_shuffle_is_seeded_and_changes_each_epoch(tok):
+    a, b, c = (make_train_iterator(_config(), tok, seed=s) for s in (11, 11, 13))
+    first_a, first_b, first_c = _epoch(a), _epoch(b), _epoch(c)
+    for x, y in zip(first_a, first_b, strict=True):
+        np.testing.assert_array_equal(x["inputs"], y["inputs"])
+    assert any(x["inputs"].shape != y["inputs"].shape or (x["inputs"] != y["inputs"]).any()
+               for x, y in zip(first_a, first_c, strict=True))  # fmt: skip
+    second_a = _epoch(a)
+    assert _real_rows(second_a) == _real_rows(first_a)
+    assert any(x["inputs"].shape != y["inputs"].shape or (x["inputs"] != y["inputs"]).any()
+               for x, y in zip(first_a, second_a, strict=True))  # fmt: skip
+
+
+@pytest.mark.parametrize("skip", [7, "epoch_end"])
+def test_state_restore_continues_identical_sequence(tok, skip):
+    it = make_train_iterator(_config(), tok, seed=17)
+    steps = it.batches_per_epoch - 2 if skip == "epoch_end" else skip
+    for _ in range(steps):
+        next(it)
+    state = json.loads(json.dumps(it.get_state()))  # as stored in a checkpoint
+    expected = [next(it) for _ in range(5)]  # crosses into epoch 1 for "epoch_end"
+    fresh = make_train_iterator(_config(), tok, seed=17)
+    fresh.set_state(state)
+    for want, got in zip(expected, [next(fresh) for _ in range(5)], strict=True):
+        np.testing.assert_array_equal(want["inputs"], got["inputs"])
+        np.testing.assert_array_equal(want["targets"], got["targets"])
+    with pytest.raises(ValueError, match=r"iterator state has seed=17 but .* seed=19"):
+        make_train_iterator(_config(), tok, seed=19).set_state(state)
+
+
+def test_process_shards_are_disjoint_complete_and_in_lockstep(tok):
+    cfg = _config()
+    whole = make_train_iterator(cfg, tok, seed=23, batch_multiple=3)
+    shards = [
+        make_train_iterator(cfg, tok, seed=23, process_index=p, process_count=3, batch_multiple=3)
+        for p in range(3)
+    ]
+    assert all(s.batches_per_epoch == whole.batches_per_epoch for s in shards)
+    seen = [collections.Counter() for _ in shards]
+    for _ in range(whole.batches_per_epoch):
+        global_batch = next(whole)
+        local = [next(s) for s in shards]
+        assert len({b["inputs"].shape for b in local}) == 1  # same bucket on every process
+        assert local[0]["inputs"].shape[0] * 3 == global_batch["inputs"].shape[0]
+        for side in ("inputs", "targets"):
+            np.testing.assert_array_equal(
+                np.concatenate([b[side] for b in local]), global_batch[side]
+            )
+        for counter, batch in zip(seen, local, strict=True):
+            counter.update(_real_rows([batch]))
+    assert not (seen[0] & seen[1]) and not (seen[0] & seen[2]) and not (seen[1] & seen[2])
+    assert seen[0] + seen[1] + seen[2] == _example_keys(
+        tokenize_pairs(get_source(cfg).pairs("train"), tok)
+    )
+    with pytest.raises(ValueError, match=r"batch_multiple=2 must be a positive multiple of"):
+        make_train_iterator(cfg, tok, seed=0, process_index=0, process_count=3, batch_multiple=2)
+
+
+def test_long_train_pairs_are_dropped_and_counted(tok, caplog):
+    cfg = _config(max_len=24, length_buckets=(8, 16, 24, 40))
+    data = tokenize_pairs(get_source(cfg).pairs("train"), tok)
+    too_long = int((np.maximum(data.src_lengths, data.tgt_lengths) > 24).sum())
+    assert too_long > 0
+    with caplog.at_level("INFO"):
+        it = make_train_iterator(cfg, tok, seed=0)
+    assert it.num_dropped == too_long and it.num_examples == 997 - too_long
+    assert f"Dropped {too_long} of 997" in caplog.text
+    assert it.bucket_lengths == [8, 16, 24]
+    assert sum(_real_rows(_epoch(it)).values()) == 997 - too_long
+
+
+# ----------------------------------------------------------------------------- eval batches
+
+
+def test_eval_batches_keep_every_example_once_in_a_fixed_order(tok):
+    cfg = _config()
+    batches = make_eval_batches(cfg, tok, "dev", batch_multiple=3)
+    again = make_eval_batches(cfg, tok, "dev", batch_multiple=3)
+    pairs = get_source(cfg).pairs("dev")
+    indices = np.concatenate([b.indices for b in batches])
+    assert sorted(indices.tolist()) == list(range(101))
+    for b, b2 in zip(batches, again, strict=True):
+        np.testing.assert_array_equal(b.inputs, b2.inputs)
+    for b in batches:
+        assert b.inputs.shape[0] % 3 == 0 and b.inputs.shape == b.targets.shape
+        assert b.inputs.shape[0] * b.inputs.shape[1] <= cfg.tokens_per_batch
+        assert not b.inputs[b.num_real :].any() and not b.targets[b.num_real :].any()
+        assert b.source_texts == [pairs[i][0] for i in b.indices]
+        assert tok.decode_batch(b.inputs[: b.num_real]) == b.source_texts
+        assert tok.decode_batch(b.targets[: b.num_real]) == b.target_texts
+    assert sum(b.num_real for b in make_eval_batches(cfg, tok, "test", max_examples=17)) == 17
+    given = make_eval_batches(cfg, tok, "files", pairs=pairs[:7])
+    assert sorted(t for b in given for t in b.target_texts) == sorted(t for _, t in pairs[:7])
+
+
+def test_eval_never_truncates_examples_longer_than_the_buckets(tok):
+    cfg = _config(max_len=16, length_buckets=(8, 16))
+    batches = make_eval_batches(cfg, tok, "test")
+    longest = max(b.inputs.shape[1] for b in batches)
+    assert longest > 16  # an extra bucket at the longest length
+    assert sum(b.num_real for b in batches) == 103
+    for b in batches:
+        assert tok.decode_batch(b.targets[: b.num_real]) == b.target_texts
+
+
+# ----------------------------------------------------------------------------- real data
+
+
+def test_real_multi30k_through_the_whole_pipeline(tmp_path):
+    if not (SHARED_DATA / "multi30k" / "train.de").exists():
+        pytest.skip(f"real data not found under {SHARED_DATA}")
+    cfg = default_data_config(
+        source="text", dir=str(SHARED_DATA / "multi30k"), vocab_size=301, max_len=128,
+        tokens_per_batch=8191, length_buckets=(8, 16, 24, 32, 48, 64, 96, 128),
+        tokenizer_train_examples=5003,
+    )  # fmt: skip
+    tok = load_or_train_tokenizer(cfg, str(tmp_path))
+    it = make_train_iterator(cfg, tok, seed=0)
+    assert it.num_examples + it.num_dropped == 29000
+    rows = sum(
+        int((b["inputs"].any(1) | b["targets"].any(1)).sum()) for b in _epoch(it)
+    )
+    assert rows == it.num_examples
+    dev = make_eval_batches(cfg, tok, "dev")
+    assert sum(b.num_real for b in dev) == 1014

@@ -1,0 +1,256 @@
+"""Sources (transformer_jax/data/sources.py): text files, TFDS, config validation."""
+
+import logging
+import time
+from pathlib import Path
+
+import pytest
+import tensorflow_datasets as tfds
+
+from transformer_jax.data import default_data_config, get_source, sources
+from transformer_jax.data.sources import (
+    TextSource,
+    TfdsSource,
+    normalize_whitespace,
+    read_parallel,
+)
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def _write(path: Path, lines: list[str]) -> None:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+
+def _text_source(tmp_path: Path) -> TextSource:
+    return TextSource(tmp_path, {"train": "train", "dev": "dev", "test": "test"}, "en", "de")
+
+
+# ----------------------------------------------------------------------------- normalisation
+
+
+def test_normalize_whitespace():
+    assert normalize_whitespace(" a\u00a0b\t\tc  d \r") == "a b c d"
+    assert normalize_whitespace("\u00a0\t ") == ""
+    assert normalize_whitespace("x\u2009y") == "x\u2009y"  # other characters are kept
+
+
+# ----------------------------------------------------------------------------- text files
+
+
+def test_text_source_reads_and_normalises(tmp_path):
+    _write(tmp_path / "train.en", ["A dog\u00a0runs. ", "Two\tcats.", "Hi  there"])
+    _write(tmp_path / "train.de", ["Ein Hund läuft.", " Zwei Katzen.", "Hallo"])
+    pairs = _text_source(tmp_path).pairs("train")
+    assert pairs == [
+        ("A dog runs.", "Ein Hund läuft."),
+        ("Two cats.", "Zwei Katzen."),
+        ("Hi there", "Hallo"),
+    ]
+
+
+def test_text_source_missing_file_names_path(tmp_path):
+    _write(tmp_path / "train.en", ["a"])
+    with pytest.raises(FileNotFoundError, match=r"train\.de: no such file; expected the train"):
+        _text_source(tmp_path).pairs("train")
+
+
+def test_text_source_line_count_mismatch_names_both_files_and_counts(tmp_path):
+    _write(tmp_path / "dev.en", [f"s{i}" for i in range(5)])
+    _write(tmp_path / "dev.de", [f"t{i}" for i in range(7)])
+    with pytest.raises(ValueError) as info:
+        _text_source(tmp_path).pairs("dev")
+    msg = str(info.value)
+    assert "dev.en has 5 lines" in msg and "dev.de has 7 lines" in msg
+
+
+def test_text_source_empty_file_is_named(tmp_path):
+    _write(tmp_path / "test.en", ["a", "b"])
+    (tmp_path / "test.de").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"test\.de: file is empty"):
+        _text_source(tmp_path).pairs("test")
+
+
+def test_text_source_invalid_utf8_names_file_and_line(tmp_path):
+    _write(tmp_path / "train.en", ["one", "two", "three", "four", "five"])
+    (tmp_path / "train.de").write_bytes(b"eins\nzwei\ndrei\nvi\xffer\nf\xc3\xbcnf\n")
+    with pytest.raises(ValueError, match=r"train\.de:4: invalid UTF-8"):
+        _text_source(tmp_path).pairs("train")
+
+
+def test_text_source_skips_and_counts_empty_lines(tmp_path, caplog):
+    _write(tmp_path / "train.en", ["a", "", "c", "d", "  \u00a0", "f", "g"])
+    _write(tmp_path / "train.de", ["A", "B", "", "D", "E", "F", "\t"])
+    source = _text_source(tmp_path)
+    with caplog.at_level(logging.INFO):
+        pairs = source.pairs("train")
+    assert pairs == [("a", "A"), ("d", "D"), ("f", "F")]
+    assert source.num_skipped == {"train": 4}
+    assert "skipped 4 pairs" in caplog.text
+
+
+def test_read_parallel_any_two_files(tmp_path):
+    _write(tmp_path / "a.src", ["x\u00a0 1", "", "y"])
+    _write(tmp_path / "b.ref", ["X 1", "Z", "Y "])
+    assert read_parallel(tmp_path / "a.src", tmp_path / "b.ref") == [("x 1", "X 1"), ("y", "Y")]
+    with pytest.raises(FileNotFoundError, match=r"nope\.ref: no such file"):
+        read_parallel(tmp_path / "a.src", tmp_path / "nope.ref")
+
+
+def test_text_source_unknown_split(tmp_path):
+    with pytest.raises(ValueError, match=r"split must be one of .* got 'valid'"):
+        _text_source(tmp_path).pairs("valid")
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def test_config_validation_names_field_expected_and_actual():
+    with pytest.raises(ValueError, match=r"data_config\.source must be one of .* got 'wmt'"):
+        get_source(default_data_config(source="wmt"))
+    with pytest.raises(ValueError, match=r"must cover max_len=100: the largest bucket is 64"):
+        get_source(default_data_config(max_len=100))
+    with pytest.raises(ValueError, match=r"strictly increasing, got \(8, 32, 16\)"):
+        get_source(default_data_config(length_buckets=(8, 32, 16), max_len=16))
+    with pytest.raises(ValueError, match=r"vocab_type must be one of .* got 'wordpiece'"):
+        get_source(default_data_config(vocab_type="wordpiece"))
+    with pytest.raises(ValueError, match=r"tokens_per_batch must be a positive int, got 0"):
+        get_source(default_data_config(tokens_per_batch=0))
+    with pytest.raises(ValueError, match=r"dir must be a non-empty str, got ''"):
+        get_source(default_data_config(source="text", dir=""))
+    cfg = default_data_config()
+    del cfg["max_len"]
+    with pytest.raises(ValueError, match=r"missing field 'max_len'"):
+        get_source(cfg)
+
+
+# ----------------------------------------------------------------------------- real data
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    if not (SHARED_DATA / "multi30k" / "train.de").exists():
+        pytest.skip(f"real data not found under {SHARED_DATA}")
+    return SHARED_DATA
+
+
+def test_real_multi30k_loads_as_is(shared_data):
+    cfg = default_data_config(source="text", dir=str(shared_data / "multi30k"))
+    source = get_source(cfg)
+    sizes = {split: len(source.pairs(split)) for split in ("train", "dev", "test")}
+    assert sizes == {"train": 29000, "dev": 1014, "test": 1000}
+    raw = (shared_data / "multi30k" / "train.de").read_text("utf-8").split("\n")
+    assert "\t" in raw[7365]  # line 7366 holds the TAB
+    _, tab_line = source.pairs("train")[7365]
+    assert tab_line == " ".join(raw[7365].split()) and "\t" not in tab_line
+    for src, tgt in source.pairs("train"):
+        assert "\u00a0" not in tgt and tgt == tgt.strip() and "  " not in tgt and src
+
+
+def test_real_newstest_loads_as_text_source(shared_data):
+    cfg = default_data_config(
+        source="text",
+        dir=str(shared_data / "wmt14"),
+        train_prefix="newstest2013",
+        dev_prefix="newstest2013",
+        test_prefix="newstest2014",
+    )
+    source = get_source(cfg)
+    assert len(source.pairs("dev")) == 3000 and len(source.pairs("test")) == 3003
+    assert source.pairs("test")[0] == (
+        "Gutach: Increased safety for pedestrians",
+        "Gutach: Noch mehr Sicherheit für Fußgänger",
+    )
+    wmt = shared_data / "wmt14"
+    assert read_parallel(wmt / "newstest2014.en", wmt / "newstest2014.de") == source.pairs("test")
+
+
+# ----------------------------------------------------------------------------- TFDS
+
+_TINY = {
+    "train": [(f"hello\u00a0number {i}", f"hallo  nummer {i}") for i in range(11)],
+    "validation": [("good day", "guten Tag"), ("", "leer"), ("bye\tnow", "tschüss")],
+    "test": [(f"test {i}", f"Test {i}") for i in range(5)],
+}
+
+
+class TinyTranslateForTest(tfds.core.GeneratorBasedBuilder):
+    """A local en-de translation dataset with the WMT feature layout."""
+
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+        return tfds.core.DatasetInfo(
+            builder=self, features=tfds.features.Translation(languages=("de", "en"))
+        )
+
+    def _split_generators(self, dl_manager):
+        return {name: self._generate_examples(name) for name in _TINY}
+
+    def _generate_examples(self, split):
+        for i, (en, de) in enumerate(_TINY[split]):
+            yield i, {"en": en, "de": de}
+
+
+@pytest.fixture(scope="module")
+def tiny_tfds_dir(tmp_path_factory) -> str:
+    data_dir = str(tmp_path_factory.mktemp("tfds"))
+    builder = tfds.builder("tiny_translate_for_test", data_dir=data_dir)
+    builder.download_and_prepare(file_format="array_record")
+    return data_dir
+
+
+def _tiny_source(data_dir: str, src: str, tgt: str) -> TfdsSource:
+    splits = {"train": "train", "dev": "validation", "test": "test"}
+    return TfdsSource(
+        "tiny_translate_for_test", data_dir=data_dir, src_lang=src, tgt_lang=tgt, split_names=splits
+    )
+
+
+def test_tfds_source_reads_array_record_in_both_directions(tiny_tfds_dir, monkeypatch):
+    monkeypatch.setattr(sources, "is_online", lambda: pytest.fail("prepared: must not probe"))
+    en_de = _tiny_source(tiny_tfds_dir, "en", "de")
+    # TFDS shuffles examples when it prepares a dataset, hence sorted().
+    assert sorted(en_de.pairs("dev")) == [("bye now", "tschüss"), ("good day", "guten Tag")]
+    assert en_de.num_skipped == {"dev": 1}
+    train = en_de.pairs("train")
+    assert not isinstance(train, list) and len(train) == 11  # lazy
+    assert sorted(train[:]) == sorted(
+        (f"hello number {i}", f"hallo nummer {i}") for i in range(11)
+    )
+    assert train[2:5] == [train[2], train[3], train[4]]
+    de_en = _tiny_source(tiny_tfds_dir, "de", "en")
+    assert sorted(de_en.pairs("test")) == sorted((f"Test {i}", f"test {i}") for i in range(5))
+    with pytest.raises(ValueError, match=r"no language 'fr'"):
+        _tiny_source(tiny_tfds_dir, "fr", "en").pairs("dev")
+
+
+def test_tfds_source_through_get_source(tiny_tfds_dir):
+    cfg = default_data_config(
+        source="tfds", tfds_name="tiny_translate_for_test", tfds_data_dir=tiny_tfds_dir
+    )
+    assert len(get_source(cfg).pairs("test")) == 5
+
+
+def test_tfds_offline_fails_fast_with_instructions(tmp_path, monkeypatch):
+    monkeypatch.setattr(sources, "is_online", lambda: False)
+    source = TfdsSource(
+        "wmt14_translate/de-en",
+        data_dir=str(tmp_path),
+        src_lang="en",
+        tgt_lang="de",
+        split_names={"train": "train", "dev": "validation", "test": "test"},
+    )
+    start = time.monotonic()
+    with pytest.raises(RuntimeError) as info:
+        source.pairs("dev")
+    assert time.monotonic() - start < 10
+    msg = str(info.value)
+    assert "not prepared" in msg and "download_and_prepare(file_format='array_record')" in msg
+    assert "tfds_data_dir" in msg and str(tmp_path) in msg
+
+
+def test_connectivity_probe_is_bounded():
+    start = time.monotonic()
+    assert sources.is_online(("unreachable.invalid", 443), timeout_s=1.0) is False
+    assert time.monotonic() - start < 3

@@ -1,0 +1,66 @@
+"""The data pipeline: sources (synthetic, text, tfds) -> SentencePiece -> token-budget batches.
+
+    source = get_source(data_config)                  # .pairs('train' | 'dev' | 'test')
+    tokenizer = load_or_train_tokenizer(data_config, workdir)
+    train_iter = make_train_iterator(data_config, tokenizer, seed=0)   # next(train_iter)
+    eval_batches = make_eval_batches(data_config, tokenizer, 'dev')
+"""
+
+from transformer_jax.data.batching import (
+    EvalBatch,
+    TokenizedSplit,
+    TrainIterator,
+    make_eval_batches,
+    make_train_iterator,
+    tokenize_pairs,
+)
+from transformer_jax.data.config import default_data_config, validate_data_config
+from transformer_jax.data.sources import (
+    Source,
+    TextSource,
+    TfdsSource,
+    get_source,
+    normalize_whitespace,
+    read_parallel,
+)
+from transformer_jax.data.synthetic import (
+    SyntheticSource,
+    baseline_bleus,
+    copy_baseline,
+    lexicon_baseline,
+)
+from transformer_jax.data.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    Tokenizer,
+    load_or_train_tokenizer,
+)
+
+__all__ = [
+    "BOS_ID",
+    "EOS_ID",
+    "PAD_ID",
+    "UNK_ID",
+    "EvalBatch",
+    "Source",
+    "SyntheticSource",
+    "TextSource",
+    "TfdsSource",
+    "TokenizedSplit",
+    "Tokenizer",
+    "TrainIterator",
+    "baseline_bleus",
+    "copy_baseline",
+    "default_data_config",
+    "get_source",
+    "lexicon_baseline",
+    "load_or_train_tokenizer",
+    "make_eval_batches",
+    "make_train_iterator",
+    "normalize_whitespace",
+    "read_parallel",
+    "tokenize_pairs",
+    "validate_data_config",
+]

@@ -1,0 +1,91 @@
+"""Throughput of tokenize + batch on Multi30k train, on one core.
+
+    python -m transformer_jax.data.benchmark [--data_dir /work/shared/data/multi30k]
+        [--vocab_size 8000] [--workdir DIR] [--repeats 3]
+
+Trains (or loads from --workdir) the tokenizer first, untimed; then times, with SentencePiece on
+one thread and the process pinned to one CPU, (1) encoding every train pair and (2) assembling
+one full epoch of token-budget batches. Prints one JSON line per stage (best of --repeats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+from transformer_jax.data.batching import TrainIterator, tokenize_pairs
+from transformer_jax.data.config import default_data_config
+from transformer_jax.data.sources import get_source
+from transformer_jax.data.tokenizer import load_or_train_tokenizer
+
+_DEFAULT_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "multi30k"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data_dir", default=str(_DEFAULT_DIR))
+    parser.add_argument("--vocab_size", type=int, default=8000)
+    parser.add_argument("--workdir", default=None, help="tokenizer cache; default a temp dir")
+    parser.add_argument("--tokens_per_batch", type=int, default=4096)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+
+    cfg = default_data_config(
+        source="text",
+        dir=args.data_dir,
+        train_prefix="train",
+        dev_prefix="val",
+        test_prefix="test",
+        src_lang="en",
+        tgt_lang="de",
+        vocab_size=args.vocab_size,
+        max_len=256,
+        tokens_per_batch=args.tokens_per_batch,
+        length_buckets=(8, 16, 24, 32, 48, 64, 96, 128, 256),
+    )
+    tokenizer = load_or_train_tokenizer(cfg, args.workdir)  # not timed
+    tokenizer.num_threads = 1
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    pairs = get_source(cfg).pairs("train")  # file reading is not part of the pipeline's cost
+
+    best = {"tokenize": float("inf"), "batch": float("inf")}
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        data = tokenize_pairs(pairs, tokenizer)
+        mid = time.perf_counter()
+        iterator = TrainIterator(
+            data,
+            length_buckets=cfg.length_buckets,
+            tokens_per_batch=cfg.tokens_per_batch,
+            seed=0,
+        )
+        for _ in range(iterator.batches_per_epoch):
+            next(iterator)
+        end = time.perf_counter()
+        best["tokenize"] = min(best["tokenize"], mid - start)
+        best["batch"] = min(best["batch"], end - mid)
+    best["total"] = best["tokenize"] + best["batch"]
+    num_tokens = int(data.src_ids.size + data.tgt_ids.size)  # EOS included, padding not
+    for stage, seconds in best.items():
+        print(
+            json.dumps(
+                {
+                    "stage": stage,
+                    "pairs": len(data),
+                    "tokens": num_tokens,
+                    "seconds": round(seconds, 4),
+                    "pairs_per_s": round(len(data) / seconds),
+                    "tokens_per_s": round(num_tokens / seconds),
+                    "vocab_size": tokenizer.vocab_size,
+                    "threads": 1,
+                }
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()

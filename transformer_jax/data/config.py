@@ -1,0 +1,168 @@
+"""The `data_config` fields, their defaults and their validation.
+
+The training and evaluation configs (configs/*.py) carry a `data` ConfigDict with the
+fields below; every public function of `transformer_jax.data` validates the fields it reads
+up front, so a typo or a bad value fails before any data is read.
+
+Fields (all read by attribute access):
+
+    source                  'synthetic' | 'text' | 'tfds'
+    dir                     text: folder holding {prefix}.{lang} files
+    train_prefix, dev_prefix, test_prefix
+                            text: file prefixes, e.g. 'train', 'val', 'test' (Multi30k)
+    src_lang, tgt_lang      language suffixes / TFDS feature keys, e.g. 'en', 'de'
+    tfds_name               tfds: e.g. 'wmt14_translate/de-en' (either direction)
+    tfds_data_dir           tfds: '' means the TFDS default (~/tensorflow_datasets)
+    tfds_dev_split, tfds_test_split
+                            tfds: e.g. 'validation', 'test'
+    vocab_size              shared SentencePiece vocabulary size
+    vocab_type              'bpe' | 'unigram'
+    tokenizer_train_examples  cap on the train pairs used to train SentencePiece
+    max_len                 max tokens per side incl. EOS; longer TRAIN pairs are dropped
+    tokens_per_batch        token budget per side per global batch (padded positions count)
+    length_buckets          increasing padded lengths; the largest must be >= max_len
+    synthetic_train_size, synthetic_dev_size, synthetic_test_size, synthetic_seed
+                            synthetic: split sizes and generator seed
+
+Optional (defaults apply when absent):
+
+    character_coverage      SentencePiece character coverage, default 1.0 (every character);
+                            e.g. 0.9999 for web-crawled WMT text
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+
+SOURCES = ("synthetic", "text", "tfds")
+VOCAB_TYPES = ("bpe", "unigram")
+
+# Fields every source needs, and the extra fields each source needs.
+_COMMON_FIELDS = (
+    "source",
+    "vocab_size",
+    "vocab_type",
+    "tokenizer_train_examples",
+    "max_len",
+    "tokens_per_batch",
+    "length_buckets",
+)
+_SOURCE_FIELDS = {
+    "synthetic": (
+        "synthetic_train_size",
+        "synthetic_dev_size",
+        "synthetic_test_size",
+        "synthetic_seed",
+    ),
+    "text": ("dir", "train_prefix", "dev_prefix", "test_prefix", "src_lang", "tgt_lang"),
+    "tfds": (
+        "tfds_name",
+        "tfds_data_dir",
+        "tfds_dev_split",
+        "tfds_test_split",
+        "src_lang",
+        "tgt_lang",
+    ),
+}
+
+
+def default_data_config(**overrides: Any) -> ml_collections.ConfigDict:
+    """The embedded synthetic task with CPU-sized defaults; `overrides` replace fields."""
+    cfg = ml_collections.ConfigDict(
+        dict(
+            source="synthetic",
+            dir="",
+            train_prefix="train",
+            dev_prefix="val",
+            test_prefix="test",
+            src_lang="en",
+            tgt_lang="de",
+            tfds_name="wmt14_translate/de-en",
+            tfds_data_dir="",
+            tfds_dev_split="validation",
+            tfds_test_split="test",
+            vocab_size=1000,
+            vocab_type="bpe",
+            tokenizer_train_examples=1_000_000,
+            max_len=64,
+            tokens_per_batch=4096,
+            length_buckets=(8, 16, 24, 32, 48, 64),
+            synthetic_train_size=40_000,
+            synthetic_dev_size=500,
+            synthetic_test_size=500,
+            synthetic_seed=0,
+            character_coverage=1.0,
+        )
+    )
+    for key, value in overrides.items():
+        if key not in cfg:
+            raise ValueError(f"default_data_config: unknown field {key!r}; known: {sorted(cfg)}")
+        setattr(cfg, key, value)
+    return cfg
+
+
+def _field(cfg: Any, name: str) -> Any:
+    try:
+        return getattr(cfg, name)
+    except (AttributeError, KeyError):
+        raise ValueError(
+            f"data_config is missing field {name!r} (source={getattr(cfg, 'source', '?')!r})"
+        ) from None
+
+
+def _positive_int(cfg: Any, name: str) -> int:
+    value = _field(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"data_config.{name} must be a positive int, got {value!r}")
+    return value
+
+
+def validate_data_config(cfg: Any) -> None:
+    """Raises ValueError naming the field, the expected and the actual value."""
+    source = _field(cfg, "source")
+    if source not in SOURCES:
+        raise ValueError(f"data_config.source must be one of {SOURCES}, got {source!r}")
+    for name in _COMMON_FIELDS + _SOURCE_FIELDS[source]:
+        _field(cfg, name)
+    vocab_type = cfg.vocab_type
+    if vocab_type not in VOCAB_TYPES:
+        raise ValueError(f"data_config.vocab_type must be one of {VOCAB_TYPES}, got {vocab_type!r}")
+    for name in ("vocab_size", "tokenizer_train_examples", "max_len", "tokens_per_batch"):
+        _positive_int(cfg, name)
+    if cfg.vocab_size < 8:
+        raise ValueError(f"data_config.vocab_size must be >= 8 (4 reserved ids), got {cfg.vocab_size}")
+    if cfg.max_len < 2:
+        raise ValueError(f"data_config.max_len must be >= 2 (a token plus EOS), got {cfg.max_len}")
+    buckets = tuple(cfg.length_buckets)
+    if not buckets or any(isinstance(b, bool) or not isinstance(b, int) or b <= 0 for b in buckets):
+        raise ValueError(
+            f"data_config.length_buckets must be a non-empty tuple of positive ints, got {buckets!r}"
+        )
+    if any(a >= b for a, b in zip(buckets, buckets[1:], strict=False)):
+        raise ValueError(
+            f"data_config.length_buckets must be strictly increasing, got {buckets!r}"
+        )
+    if buckets[-1] < cfg.max_len:
+        raise ValueError(
+            f"data_config.length_buckets must cover max_len={cfg.max_len}: the largest bucket is "
+            f"{buckets[-1]}; add a bucket >= {cfg.max_len} or lower max_len"
+        )
+    coverage = getattr(cfg, "character_coverage", 1.0)
+    if not isinstance(coverage, int | float) or not 0.9 <= coverage <= 1.0:
+        raise ValueError(f"data_config.character_coverage must be in [0.9, 1], got {coverage!r}")
+    if source == "synthetic":
+        for name in ("synthetic_train_size", "synthetic_dev_size", "synthetic_test_size"):
+            _positive_int(cfg, name)
+        if not isinstance(cfg.synthetic_seed, int):
+            raise ValueError(f"data_config.synthetic_seed must be an int, got {cfg.synthetic_seed!r}")
+    else:
+        for name in _SOURCE_FIELDS[source]:
+            value = getattr(cfg, name)
+            if name != "tfds_data_dir" and (not isinstance(value, str) or not value):
+                raise ValueError(f"data_config.{name} must be a non-empty str, got {value!r}")
+        if cfg.src_lang == cfg.tgt_lang:
+            raise ValueError(
+                f"data_config.src_lang and tgt_lang must differ, both are {cfg.src_lang!r}"
+            )

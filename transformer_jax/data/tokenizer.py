@@ -1,0 +1,218 @@
+"""A shared SentencePiece vocabulary (BPE or unigram) for source and target.
+
+The paper uses a shared source-target byte-pair encoding of about 37k tokens (WMT14 en-de).
+We train one SentencePiece model on the TRAIN split's source and target sentences and cache it
+as `{workdir}/tokenizer/spm.model`, so resuming and evaluation reuse the exact same vocabulary.
+
+Fixed ids (the model, the loss and decoding rely on them):
+    PAD_ID = 0   padding; loss weight 0
+    EOS_ID = 1   appended to every source and target sequence
+    UNK_ID = 2
+    BOS_ID = 3   the decoder's start token (the model shifts targets right with it)
+
+Text is normalised by our sources (whitespace only) before it reaches SentencePiece, and the
+SentencePiece normaliser is 'identity', so `decode(encode(s)) == s` for any normalised `s` whose
+characters are in the vocabulary.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import sentencepiece as spm
+
+from transformer_jax.data.config import validate_data_config
+
+PAD_ID = 0
+EOS_ID = 1
+UNK_ID = 2
+BOS_ID = 3
+
+# Share of character occurrences the vocabulary must cover; rarer characters map to UNK.
+# SentencePiece's default 0.9995 would make digits and German quotes UNK on Multi30k, so we keep
+# every character. For web-crawled corpora (WMT) an optional data_config.character_coverage
+# (e.g. 0.9999) keeps stray symbols from taking vocabulary slots.
+CHARACTER_COVERAGE = 1.0
+# Seed for choosing which train pairs feed SentencePiece when the split exceeds the cap.
+_SUBSAMPLE_SEED = 0
+
+_TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")
+_TOO_SMALL = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)")
+
+
+class Tokenizer:
+    """SentencePiece wrapper with the fixed special ids above.
+
+    Attributes:
+      vocab_size: number of ids, including the 4 special ids.
+      num_threads: threads for `encode_batch` (-1: all cores).
+      model_path: the .model file this tokenizer was loaded from (None if from bytes).
+    """
+
+    def __init__(self, model_proto: bytes, *, num_threads: int = -1, model_path: str | None = None):
+        self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+        ids = (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id(), self._sp.bos_id())
+        if ids != (PAD_ID, EOS_ID, UNK_ID, BOS_ID):
+            raise ValueError(
+                f"SentencePiece model {model_path or '<bytes>'} has special ids (pad, eos, unk, bos)"
+                f"={ids}, expected {(PAD_ID, EOS_ID, UNK_ID, BOS_ID)}; delete it to retrain"
+            )
+        self.vocab_size: int = self._sp.get_piece_size()
+        self.num_threads = num_threads
+        self.model_path = model_path
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike, **kwargs: Any) -> Tokenizer:
+        return cls(Path(path).read_bytes(), model_path=str(path), **kwargs)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`, no EOS appended."""
+        return self._sp.encode(text)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each text (no EOS), encoded with `num_threads` threads."""
+        return self._sp.encode(list(texts), num_threads=self.num_threads)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of `ids`: stops at the first EOS, ignores PAD and BOS.
+
+        Args:
+          ids: int[length], e.g. one row of a model output.
+        """
+        out = []
+        for i in np.asarray(ids).reshape(-1).tolist():
+            if i == EOS_ID:
+                break
+            if i not in (PAD_ID, BOS_ID):
+                out.append(i)
+        return self._sp.decode(out)
+
+    def decode_batch(self, ids_2d: Iterable[Iterable[int]]) -> list[str]:
+        """`decode` of each row of int[batch, length]."""
+        return [self.decode(row) for row in ids_2d]
+
+    def id_to_piece(self, i: int) -> str:
+        return self._sp.id_to_piece(int(i))
+
+
+def _training_sentences(data_config: Any) -> Iterable[str]:
+    """Source and target sentences of (a seeded subset of) the train split."""
+    # Imported here: sources.py imports nothing from this module, but keep the dependency one-way.
+    from transformer_jax.data.sources import get_source
+
+    pairs = get_source(data_config).pairs("train")
+    n = len(pairs)
+    cap = data_config.tokenizer_train_examples
+    if n > cap:
+        rng = np.random.default_rng(_SUBSAMPLE_SEED)
+        indices = np.sort(rng.choice(n, size=cap, replace=False)).tolist()
+    else:
+        indices = range(n)
+    for i in indices:
+        src, tgt = pairs[i]
+        yield src
+        yield tgt
+
+
+def train_tokenizer(
+    sentences: Iterable[str],
+    *,
+    vocab_size: int,
+    vocab_type: str,
+    character_coverage: float = CHARACTER_COVERAGE,
+    num_threads: int = -1,
+) -> bytes:
+    """Trains SentencePiece on `sentences` and returns the serialized model.
+
+    Raises:
+      ValueError: if `vocab_size` is too large (or too small) for the corpus, suggesting a size.
+    """
+    model = tempfile.SpooledTemporaryFile()  # noqa: SIM115 (model_writer needs a file object)
+    kwargs = dict(
+        sentence_iterator=iter(sentences),
+        model_writer=model,
+        vocab_size=vocab_size,
+        model_type=vocab_type,
+        character_coverage=character_coverage,
+        normalization_rule_name="identity",
+        pad_id=PAD_ID,
+        eos_id=EOS_ID,
+        unk_id=UNK_ID,
+        bos_id=BOS_ID,
+        # Long WMT sentences are kept for training the vocabulary (the default cap is 4192 bytes).
+        max_sentence_length=1 << 16,
+        minloglevel=2,
+    )
+    if num_threads > 0:
+        kwargs["num_threads"] = num_threads
+    try:
+        spm.SentencePieceTrainer.train(**kwargs)
+    except RuntimeError as e:
+        msg = str(e)
+        if m := _TOO_HIGH.search(msg):
+            raise ValueError(
+                f"vocab_size={vocab_size} is too large for this training corpus: SentencePiece can"
+                f" build at most {m.group(2)} pieces from it; set data_config.vocab_size <="
+                f" {m.group(2)} (e.g. {int(m.group(2))})"
+            ) from e
+        if m := _TOO_SMALL.search(msg):
+            raise ValueError(
+                f"vocab_size={vocab_size} is too small for this training corpus: it has"
+                f" {m.group(2)} distinct characters; set data_config.vocab_size > {m.group(2)}"
+            ) from e
+        raise
+    model.seek(0)
+    return model.read()
+
+
+def load_or_train_tokenizer(data_config: Any, workdir: str | None) -> Tokenizer:
+    """Loads `{workdir}/tokenizer/spm.model`, or trains and caches it.
+
+    Trains a shared SentencePiece model (type `data_config.vocab_type`, size
+    `data_config.vocab_size`) on the train split's source and target sentences, at most
+    `data_config.tokenizer_train_examples` pairs. `workdir=None` uses a fresh temporary folder.
+
+    With several processes sharing one workdir, let process 0 call this first (or give each
+    process the same prepared model): the write is atomic, but the processes would train in
+    parallel.
+
+    Raises:
+      ValueError: vocab_size too large for the corpus (suggests a size), or a cached model whose
+        vocab size differs from data_config.vocab_size.
+    """
+    validate_data_config(data_config)
+    if workdir is None:
+        workdir = tempfile.mkdtemp(prefix="transformer_jax_")
+    path = Path(workdir) / "tokenizer" / "spm.model"
+    if path.exists():
+        tokenizer = Tokenizer.from_file(path)
+        if tokenizer.vocab_size != data_config.vocab_size:
+            raise ValueError(
+                f"cached tokenizer {path} has vocab_size={tokenizer.vocab_size} but"
+                f" data_config.vocab_size={data_config.vocab_size}; delete it to retrain, or set"
+                f" vocab_size={tokenizer.vocab_size}"
+            )
+        logging.info("Loaded tokenizer %s (vocab_size=%d)", path, tokenizer.vocab_size)
+        return tokenizer
+    logging.info(
+        "Training %s tokenizer, vocab_size=%d", data_config.vocab_type, data_config.vocab_size
+    )
+    proto = train_tokenizer(
+        _training_sentences(data_config),
+        vocab_size=data_config.vocab_size,
+        vocab_type=data_config.vocab_type,
+        character_coverage=getattr(data_config, "character_coverage", CHARACTER_COVERAGE),
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"spm.model.tmp{os.getpid()}")
+    tmp.write_bytes(proto)
+    os.replace(tmp, path)  # atomic: a reader never sees half a model
+    logging.info("Saved tokenizer %s", path)
+    return Tokenizer(proto, model_path=str(path))
