@@ -385,7 +385,8 @@ def _nest(path: Sequence[str], leaf_tree: Any) -> Any:
 
 
 def average_checkpoints(
-    directory: str, abstract_params_or_state: Any, last_n: int, *, item_path: Sequence[str] = ("params",)
+    directory: str, abstract_params_or_state: Any, last_n: int, *, item_path: Sequence[str] = ("params",),
+    steps: Sequence[int] | None = None,
 ) -> Any:
     """The element-wise mean of the parameters of the newest ``last_n`` checkpoints (paper section 6.1).
 
@@ -400,6 +401,7 @@ def average_checkpoints(
         mistaken for a state: pass the state then).
       last_n: how many of the newest steps to average (5 for base, 20 for big).
       item_path: where the parameters sit in the saved state.
+      steps: average exactly these steps instead of the newest ``last_n`` (e.g. the N ending at a step).
 
     Raises:
       ValueError: fewer than ``last_n`` steps exist (the paper's protocol needs exactly ``last_n``).
@@ -425,7 +427,13 @@ def average_checkpoints(
         options=ocp.CheckpointManagerOptions(read_only=True, create=False),
     )
     try:
-        steps = sorted(int(s) for s in manager.all_steps())
+        available = sorted(int(s) for s in manager.all_steps())
+        if steps is not None:
+            missing = sorted(set(steps) - set(available))
+            if missing:
+                raise ValueError(f"steps {missing} are not in {directory} (it has {available})")
+            available = sorted(steps)
+        steps = available
         if len(steps) < last_n:
             raise ValueError(
                 f"averaging needs the last {last_n} checkpoints but {directory} has {len(steps)} "

@@ -280,6 +280,10 @@ class MultiHeadAttention(nn.Module):
                 rng=dropout_rng)
             if cfg.attention_witness:
                 attention.witness_in_jit(weights, mask)
+            # Free unless "intermediates" is mutable: lets analysis read the maps, queries and keys.
+            self.sow("intermediates", "attention_weights", weights)  # [B, H, Q, K]
+            self.sow("intermediates", "queries", query)  # [B, Q, H, d_k]
+            self.sow("intermediates", "keys", key)  # [B, K, H, d_k]
         out_kernel = self.param(
             "out", nn.with_logical_partitioning(_dense_init(), (HEADS, KV, EMBED)),
             (cfg.num_heads, cfg.d_v, cfg.d_model), jnp.float32)

@@ -1,0 +1,1 @@
+"""Experiment configs (ml_collections); every config starts from default.py and overrides fields."""

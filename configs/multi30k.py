@@ -1,0 +1,39 @@
+"""Multi30k EN->DE (29k training pairs) through the local text source; a real-data check on a CPU.
+
+    python train.py --config=configs/multi30k.py --config.data.dir=/path/to/multi30k --workdir=runs/m30k
+
+The folder holds train.{en,de}, val.{en,de} and test.{en,de} (Multi30k task 1, raw).
+"""
+
+from configs import default as default_lib
+
+
+def get_config():
+    config = default_lib.get_config()
+    config.name = "multi30k"
+    config.data.source = "text"
+    config.data.dir = "../shared/data/multi30k"  # override with --config.data.dir
+    config.data.train_prefix = "train"
+    config.data.dev_prefix = "val"
+    config.data.test_prefix = "test"
+    config.data.src_lang = "en"
+    config.data.tgt_lang = "de"
+    config.data.vocab_size = 8000  # shared BPE; Multi30k has ~10k word types per side
+    config.data.max_len = 64
+    config.data.tokens_per_batch = 4096
+    config.data.length_buckets = (16, 24, 32, 48, 64)
+
+    config.model.d_model = 256
+    config.model.d_ff = 1024
+    config.model.num_heads = 4
+    config.model.num_encoder_layers = 3
+    config.model.num_decoder_layers = 3
+    config.model.dropout_rate = 0.1
+
+    config.train.num_steps = 3000
+    config.train.warmup_steps = 800
+    config.train.learning_rate_scale = 1.0
+    config.eval_every_steps = 500
+    config.eval_bleu_examples = 200
+    config.checkpoint_every_steps = 500
+    return config

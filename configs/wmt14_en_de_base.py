@@ -1,0 +1,47 @@
+"""The paper's base model on WMT 2014 EN->DE (Table 2: 27.3 BLEU; Table 3 base: 4.92 PPL, 25.8 BLEU).
+
+Every hyperparameter is the paper's (section 5 and Table 3): N=6, d_model=512, d_ff=2048, h=8,
+P_drop=0.1, eps_ls=0.1, Adam(0.9, 0.98, 1e-9), warmup 4000, ~25k source + 25k target tokens per
+step, 100k steps, a shared 37k BPE vocabulary, checkpoints every 10 minutes (the last 5 averaged).
+Needs TFDS wmt14_translate prepared in data.tfds_data_dir (see README, "Data").
+"""
+
+from configs import default as default_lib
+
+
+def get_config():
+    config = default_lib.get_config()
+    config.name = "wmt14_en_de_base"
+    config.data.source = "tfds"
+    config.data.tfds_name = "wmt14_translate/de-en"
+    config.data.src_lang = "en"
+    config.data.tgt_lang = "de"
+    config.data.vocab_size = 37_000  # shared BPE (section 5.1)
+    config.data.tokenizer_train_examples = 2_000_000  # sentences sampled to train SentencePiece
+    config.data.max_len = 256  # tensor2tensor's max_length at release
+    config.data.tokens_per_batch = 25_000  # ~25k source and ~25k target tokens per step (section 5.1)
+    config.data.length_buckets = (16, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256)
+
+    config.model.d_model = 512
+    config.model.d_ff = 2048
+    config.model.num_heads = 8
+    config.model.d_k = 64
+    config.model.d_v = 64
+    config.model.num_encoder_layers = 6
+    config.model.num_decoder_layers = 6
+    config.model.dropout_rate = 0.1
+    config.model.attention_dropout_rate = 0.0
+
+    config.train.num_steps = 100_000
+    config.train.warmup_steps = 4000
+    config.train.learning_rate_scale = 1.0  # the paper's schedule exactly
+    config.train.label_smoothing = 0.1
+
+    config.log_every_steps = 100
+    config.eval_every_steps = 5000
+    config.eval_bleu_examples = 500
+    config.checkpoint_every_steps = 0  # by time instead, as the paper did
+    config.checkpoint_every_minutes = 10.0
+    config.checkpoint_keep = 20  # enough to average the last 5 (base) or 20 (big)
+    config.peak_tflops_per_device = 989.0  # set to your accelerator's peak (H100 dense bf16 here)
+    return config

@@ -1,0 +1,243 @@
+"""Tests for transformer_jax.decode: the cache, greedy and beam search, EOS, lengths and the penalty."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_jax import decode
+from transformer_jax import model as model_lib
+from transformer_jax.decode import EOS_ID, NEG_INF
+from transformer_jax.model import PAD_ID, ModelConfig, Transformer
+
+VOCAB, BATCH, SRC_LEN = 23, 5, 7
+EXTRA = 3  # max_extra_len of every search on the tiny model (one output buffer, fewer compilations)
+SMALL_VOCAB, ENUM_LEN = 6, 3  # a model whose outputs can be enumerated: 85 sequences of <= 3 tokens
+
+
+def _tiny(**overrides) -> ModelConfig:
+    fields = dict(vocab_size=VOCAB, d_model=15, d_ff=17, num_heads=3, d_k=5, d_v=7,
+                  num_encoder_layers=1, num_decoder_layers=2, max_len=24)
+    fields.update(overrides)
+    return ModelConfig(**fields)
+
+
+def _sources(seed, vocab=VOCAB) -> jax.Array:
+    """int32[BATCH, SRC_LEN] with non-PAD lengths 7, 6, 5, 4, 3 (distinct per-example limits)."""
+    tokens = np.random.default_rng(seed).integers(4, vocab, size=(BATCH, SRC_LEN))
+    tokens[np.arange(SRC_LEN)[None, :] >= (SRC_LEN - np.arange(BATCH))[:, None]] = PAD_ID
+    return jnp.asarray(tokens, jnp.int32)
+
+
+def _sequence_logprobs(params, cfg, inputs, tokens) -> np.ndarray:
+    """float64[n]: log P(tokens | inputs) by the full teacher-forced forward pass, PAD positions skipped."""
+    logits = Transformer(cfg.replace(deterministic=True)).apply({"params": params}, inputs, tokens)
+    logprobs = np.asarray(jax.nn.log_softmax(logits, axis=-1), np.float64)  # [n, T, V]
+    picked = np.take_along_axis(logprobs, np.asarray(tokens)[..., None], axis=-1)[..., 0]
+    return np.sum(np.where(np.asarray(tokens) != PAD_ID, picked, 0.0), axis=-1)
+
+
+def _scores(params, cfg, inputs, tokens, alpha) -> np.ndarray:
+    """float64[n] beam score log P(Y) / lp(|Y|) of output-convention tokens int32[n, T]."""
+    lengths = np.asarray(decode.sequence_lengths(tokens))
+    return _sequence_logprobs(params, cfg, inputs, tokens) / ((5.0 + lengths) / 6.0) ** alpha
+
+
+def _assert_well_formed(tokens, limits):
+    """Output convention: no PAD before the end; after the first EOS only PAD; at most `limits` tokens."""
+    tokens = np.asarray(tokens)
+    for row, limit in zip(tokens, np.asarray(limits), strict=True):
+        length = int(np.sum(row != PAD_ID))
+        assert length <= limit, (row, limit)
+        assert np.all(row[:length] != PAD_ID) and np.all(row[length:] == PAD_ID), row
+        eos = np.flatnonzero(row == EOS_ID)
+        assert eos.size == 0 or (eos.size == 1 and eos[0] == length - 1), row
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    cfg = _tiny()
+    return cfg, model_lib.init_params(cfg, rng=jax.random.key(0))
+
+
+@pytest.fixture(scope="module")
+def small():
+    """Vocabulary 6 (PAD, EOS, UNK, BOS, 4, 5) and every output sequence of <= 3 tokens with its
+    log probability, float64[BATCH, 85], by the full forward pass."""
+    cfg = _tiny(vocab_size=SMALL_VOCAB)
+    params = model_lib.init_params(cfg, rng=jax.random.key(0))
+    inputs = _sources(1, SMALL_VOCAB)
+    words = range(2, SMALL_VOCAB)  # every token but PAD (never generated) and EOS
+    candidates = [[EOS_ID, PAD_ID, PAD_ID]] + [[a, EOS_ID, PAD_ID] for a in words]
+    candidates += [[a, b, c] for a, b in itertools.product(words, words) for c in range(1, SMALL_VOCAB)]
+    candidates = np.asarray(candidates, np.int32)  # [85, 3]
+    n = len(candidates)
+    logprobs = _sequence_logprobs(params, cfg, jnp.repeat(inputs, n, axis=0),
+                                  jnp.asarray(np.tile(candidates, (BATCH, 1))))
+    return cfg, params, inputs, candidates, logprobs.reshape(BATCH, n)
+
+
+def test_length_penalty_by_hand_and_its_direction():
+    np.testing.assert_allclose(decode.length_penalty(5, 0.6), (10 / 6) ** 0.6, rtol=1e-6)
+    np.testing.assert_allclose(decode.length_penalty(5, 0.6), 1.35866, atol=1e-5)
+    np.testing.assert_array_equal(decode.length_penalty(jnp.arange(1, 9), 0.0), np.ones(8))
+    assert np.all(np.diff(np.asarray(decode.length_penalty(jnp.arange(1, 30), 0.6))) > 0)
+    # A short and a long hypothesis, log P = -3 with 2 tokens vs -5 with 9 tokens.
+    prefers_long = lambda alpha: -5 / decode.length_penalty(9, alpha) > -3 / decode.length_penalty(2, alpha)
+    assert not prefers_long(0.0) and not prefers_long(0.6) and prefers_long(1.0) and prefers_long(2.0)
+
+
+def test_cached_steps_match_the_full_causal_forward(tiny):
+    cfg, params = tiny
+    inputs = _sources(2)
+    targets = jnp.asarray(np.random.default_rng(3).integers(4, VOCAB, size=(BATCH, 9)), jnp.int32)
+    full = Transformer(cfg.replace(deterministic=True)).apply({"params": params}, inputs, targets)
+    encoded = decode.encode(params, cfg, inputs)
+    cache = decode.init_cache(cfg, params, encoded, inputs, cache_len=11)  # longer than needed
+    step = jax.jit(lambda c, tok: decode.decode_step(params, cfg, c, encoded, inputs, tok))
+    decoder_inputs = model_lib.shift_right(targets)
+    steps = []
+    for t in range(targets.shape[1]):
+        logits, cache = step(cache, decoder_inputs[:, t])
+        steps.append(logits)
+    np.testing.assert_allclose(np.stack(steps, axis=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_greedy_with_cache_equals_greedy_without(tiny):
+    cfg, params = tiny
+    inputs = _sources(4)
+    cached = decode.greedy_search(params, cfg, inputs, max_extra_len=EXTRA)
+    uncached = decode.greedy_search(params, cfg, inputs, max_extra_len=EXTRA, use_cache=False)
+    assert cached.shape == (BATCH, SRC_LEN + EXTRA) and cached.dtype == jnp.int32
+    np.testing.assert_array_equal(cached, uncached)
+    _assert_well_formed(cached, np.sum(np.asarray(inputs) != PAD_ID, axis=1) + EXTRA)
+
+
+def test_beam_search_with_cache_equals_beam_search_without(tiny):
+    cfg, params = tiny
+    inputs = _sources(5)
+    cached = decode.beam_search(params, cfg, inputs, max_extra_len=EXTRA, return_all_beams=True)
+    uncached = decode.beam_search(params, cfg, inputs, max_extra_len=EXTRA, use_cache=False,
+                                  return_all_beams=True)
+    np.testing.assert_array_equal(cached[0], uncached[0])
+    np.testing.assert_allclose(cached[1], uncached[1], atol=1e-5)
+    assert cached[0].shape == (BATCH, 4, SRC_LEN + EXTRA) and cached[1].shape == (BATCH, 4)
+    assert np.all(np.diff(np.asarray(cached[1]), axis=1) <= 0)  # best first
+    # The reported scores are the full forward pass's log P(Y) / lp(|Y|) of every returned beam.
+    seqs = cached[0].reshape(BATCH * 4, -1)
+    expected = _scores(params, cfg, jnp.repeat(inputs, 4, axis=0), seqs, 0.6).reshape(BATCH, 4)
+    np.testing.assert_allclose(cached[1], expected, atol=1e-5)
+
+
+def test_beam_size_one_equals_greedy(tiny):
+    cfg, params = tiny
+    inputs = _sources(6)
+    # EOS banned: beam 1 keeps exactly the greedy path (with EOS allowed, beam 1 may also keep the
+    # greedy prefix + EOS that scores better, so the two can differ by design).
+    greedy = decode.greedy_search(params, cfg, inputs, max_extra_len=EXTRA, min_len=20)
+    beam, _ = decode.beam_search(params, cfg, inputs, beam_size=1, max_extra_len=EXTRA, min_len=20)
+    np.testing.assert_array_equal(beam, greedy)
+    assert not np.any(np.asarray(greedy) == EOS_ID)
+
+
+def test_beam_search_finds_the_best_of_all_sequences(small):
+    cfg, params, inputs, candidates, logprobs = small
+    lengths = np.asarray(decode.sequence_lengths(jnp.asarray(candidates)))  # [85]
+    best_lengths = {}
+    for alpha in (0.0, 0.6, 2.0):
+        scores = logprobs / ((5.0 + lengths) / 6.0) ** alpha  # [B, 85]
+        best = np.argmax(scores, axis=1)
+        # 16 alive beams hold every prefix of 2 tokens, so the search is exhaustive.
+        tokens, beam_scores = decode.beam_search(params, cfg, inputs, beam_size=16, alpha=alpha,
+                                                 max_len=ENUM_LEN)
+        np.testing.assert_array_equal(tokens, candidates[best])
+        np.testing.assert_allclose(beam_scores, scores[np.arange(BATCH), best], atol=1e-5)
+        best_lengths[alpha] = lengths[best]
+    # Larger alpha favours longer outputs: never shorter, and here strictly longer somewhere.
+    assert np.all(best_lengths[0.0] <= best_lengths[0.6]) and np.all(best_lengths[0.6] <= best_lengths[2.0])
+    assert np.any(best_lengths[0.0] < best_lengths[2.0])
+
+
+def test_beam_search_beats_greedy(small):
+    cfg, params, inputs, candidates, logprobs = small
+    greedy = decode.greedy_search(params, cfg, inputs, max_len=ENUM_LEN)
+    beam, beam_scores = decode.beam_search(params, cfg, inputs, beam_size=4, alpha=0.6, max_len=ENUM_LEN)
+    greedy_scores = _scores(params, cfg, inputs, greedy, 0.6)
+    np.testing.assert_allclose(beam_scores, _scores(params, cfg, inputs, beam, 0.6), atol=1e-5)
+    assert np.all(beam_scores >= greedy_scores - 1e-5)
+    assert np.any(beam_scores > greedy_scores + 1e-3)
+
+
+def _always_eos(params):
+    """Parameters whose decoder output is the same vector b for every position, with E[EOS] along b."""
+    params = jax.tree.map(np.array, params)
+    last = params["decoder"][f"layer_{_tiny().num_decoder_layers - 1}"]["ffn_block"]["norm"]
+    last["scale"][:] = 0.0  # post-norm: the decoder output is the LayerNorm bias b
+    last["bias"][:] = 1.0
+    params["shared_embedding"]["embedding"][EOS_ID] = 3.0  # logit 45 against ~N(0, 1) for the others
+    return params
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_a_sequence_that_emits_eos_first_has_length_one_and_the_loop_stops_early(tiny, search):
+    cfg, params = tiny
+    params, inputs = _always_eos(params), _sources(7)
+    if search == "greedy":
+        tokens, num_steps = decode.greedy_search(params, cfg, inputs, max_extra_len=EXTRA,
+                                                 return_num_steps=True)
+        assert int(num_steps) == 1
+    else:
+        tokens, _, num_steps = decode.beam_search(params, cfg, inputs, max_extra_len=EXTRA,
+                                                  return_num_steps=True)
+        assert int(num_steps) < 4  # the other beams cannot beat [EOS]
+    expected = np.zeros((BATCH, SRC_LEN + EXTRA), np.int32)
+    expected[:, 0] = EOS_ID
+    np.testing.assert_array_equal(tokens, expected)
+    np.testing.assert_array_equal(decode.sequence_lengths(tokens), np.ones(BATCH))
+
+
+def test_eos_then_only_pad_and_per_example_limits(small):
+    cfg, params, inputs, _, _ = small  # P(EOS) ~ 1/5 per step: some end early, some at the limit
+    limits = np.sum(np.asarray(inputs) != PAD_ID, axis=1) + 2  # 9, 8, 7, 6, 5
+    greedy = decode.greedy_search(params, cfg, inputs, max_extra_len=2)
+    beam, _ = decode.beam_search(params, cfg, inputs, max_extra_len=2, return_all_beams=True)
+    _assert_well_formed(greedy, limits)
+    _assert_well_formed(beam.reshape(BATCH * 4, -1), np.repeat(limits, 4))
+    lengths = np.asarray(decode.sequence_lengths(beam.reshape(BATCH * 4, -1)))
+    assert np.any(lengths < np.repeat(limits, 4)) and np.any(np.asarray(beam) == EOS_ID)
+
+
+def test_output_length_is_source_length_plus_max_extra_len(tiny):
+    cfg, params = tiny
+    inputs = _sources(8)
+    limits = np.sum(np.asarray(inputs) != PAD_ID, axis=1) + EXTRA  # 10, 9, 8, 7, 6
+    tokens, num_steps = decode.greedy_search(params, cfg, inputs, max_extra_len=EXTRA, min_len=20,
+                                             return_num_steps=True)  # EOS banned
+    np.testing.assert_array_equal(decode.sequence_lengths(tokens), limits)
+    assert int(num_steps) == limits.max() == SRC_LEN + EXTRA
+    beam, _ = decode.beam_search(params, cfg, inputs, max_extra_len=EXTRA, min_len=20)
+    np.testing.assert_array_equal(decode.sequence_lengths(beam), limits)
+
+
+def test_bfloat16_model_decodes(tiny):
+    cfg, params = tiny
+    cfg, inputs = cfg.replace(dtype="bfloat16"), _sources(9)
+    limits = np.sum(np.asarray(inputs) != PAD_ID, axis=1) + EXTRA
+    _assert_well_formed(decode.greedy_search(params, cfg, inputs, max_extra_len=EXTRA), limits)
+    tokens, scores = decode.beam_search(params, cfg, inputs, max_extra_len=EXTRA)
+    _assert_well_formed(tokens, limits)
+    assert scores.dtype == jnp.float32 and np.all(np.isfinite(scores)) and np.all(scores > NEG_INF / 2)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(max_extra_len=30), r"output length 37 must be in \[1, model max_len=24\]"),
+    (dict(beam_size=0), "beam_size must be >= 1, got 0"),
+    (dict(alpha=-0.5), "alpha must be >= 0"),
+    (dict(min_len=-1), "max_extra_len and min_len must be >= 0"),
+])
+def test_argument_errors(tiny, kwargs, message):
+    cfg, params = tiny
+    with pytest.raises(ValueError, match=message):
+        decode.beam_search(params, cfg, _sources(0), **{"max_extra_len": EXTRA, **kwargs})

@@ -1,0 +1,170 @@
+"""End-to-end tests of the training loop: outputs, resume, kill -9, preemption, lock and NaN."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from configs import default as default_config
+from transformer_jax import train_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Overrides that make the default config tiny; also passed to train.py as --config.key=value.
+TINY = {
+    "data.synthetic_train_size": 400, "data.synthetic_dev_size": 16, "data.synthetic_test_size": 16,
+    "data.vocab_size": 120, "data.tokens_per_batch": 512,
+    "model.d_model": 16, "model.d_ff": 24, "model.num_heads": 2,
+    "model.num_encoder_layers": 1, "model.num_decoder_layers": 1,
+    "train.num_steps": 6, "train.warmup_steps": 2,
+    "log_every_steps": 2, "eval_every_steps": 4, "eval_bleu_examples": 4,
+    "checkpoint_every_steps": 2, "checkpoint_every_minutes": 0.0,
+    "final_eval_split": "test", "final_beam_size": 2,
+}
+
+
+def tiny_config(**overrides):
+    config = default_config.get_config()
+    for key, value in {**TINY, **overrides}.items():
+        node = config
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    config.lock()
+    return config
+
+
+def _flags(**overrides) -> list[str]:
+    return [f"--config.{k}={v}" for k, v in {**TINY, **overrides}.items()]
+
+
+def _params(workdir, step):
+    """Restores the parameters saved at ``step`` in ``workdir`` as a flat list of NumPy arrays."""
+    from transformer_jax import checkpoint as checkpoint_lib
+    from transformer_jax import data as data_lib
+
+    config = tiny_config()
+    tokenizer = data_lib.load_or_train_tokenizer(config.data, str(workdir))
+    model_config = train_lib.model_config_from(config, tokenizer.vocab_size)
+    target = train_lib.abstract_train_state(model_config,
+                                            train_lib.make_optimizer(config, model_config.d_model))
+    ckpt = checkpoint_lib.Checkpointer(str(workdir / "checkpoints"), save_every_steps=None,
+                                       save_every_minutes=None, read_only=True)
+    state, data_state, _, restored = ckpt.restore(target, step)
+    ckpt.close()
+    assert restored == step
+    return [np.asarray(x) for x in jax.tree.leaves(state.params)], data_state
+
+
+def _run_train(workdir, *flags, timeout=300, wait=True):
+    cmd = [sys.executable, os.path.join(REPO, "train.py"), f"--workdir={workdir}", *flags]
+    if not wait:
+        return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """One uninterrupted 6-step run, shared by the tests that compare against it."""
+    workdir = tmp_path_factory.mktemp("uninterrupted")
+    final = train_lib.train_and_evaluate(tiny_config(), str(workdir))
+    return workdir, final
+
+
+def test_run_writes_metrics_tensorboard_checkpoints_and_final_report(uninterrupted):
+    workdir, final = uninterrupted
+    assert final["step"] == 6
+    for key in ("dev_nll", "dev_ppl", "dev_bleu", "test_sacrebleu", "test_tokenized_bleu",
+                "test_sacrebleu_copy_baseline", "test_sacrebleu_lexicon_baseline"):
+        assert np.isfinite(final[key]), key
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    train_records = [r for r in records if "train_loss" in r]
+    assert [r["step"] for r in train_records] == [2, 4, 6]
+    for r in train_records:
+        assert r["train_tokens_per_sec"] > 0 and 0 < r["train_mfu"] < 1 and r["train_ppl"] > 1
+    assert any("dev_nll" in r for r in records)
+    assert any(name.startswith("events.out.tfevents") for name in os.listdir(workdir / "tensorboard"))
+    assert sorted(int(s) for s in os.listdir(workdir / "checkpoints") if s.isdigit()) == [2, 4, 6]
+    assert (workdir / "tokenizer").is_dir()
+
+
+def test_resume_continues_bitwise(tmp_path, uninterrupted):
+    workdir_full, _ = uninterrupted
+    workdir = tmp_path / "resumed"
+    train_lib.train_and_evaluate(tiny_config(**{"train.num_steps": 4, "final_eval_split": ""}),
+                                 str(workdir))
+    train_lib.train_and_evaluate(tiny_config(), str(workdir))
+    resumed, data_resumed = _params(workdir, 6)
+    full, data_full = _params(workdir_full, 6)
+    assert data_resumed == data_full
+    for a, b in zip(resumed, full, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def _wait_for_checkpoint(workdir, step, proc, timeout=240):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if (workdir / "checkpoints" / str(step)).is_dir():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"train.py ended early:\n{proc.stdout.read()[-3000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"no checkpoint {step} after {timeout}s")
+
+
+def test_kill_9_and_restart_reaches_the_same_parameters(tmp_path, uninterrupted):
+    workdir_full, _ = uninterrupted
+    workdir = tmp_path / "killed"
+    slow = {"train.num_steps": 6, "final_eval_split": "", "eval_every_steps": 0}
+    proc = _run_train(workdir, *_flags(**slow), wait=False)
+    _wait_for_checkpoint(workdir, 2, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = _run_train(workdir, *_flags(**{"final_eval_split": "", "eval_every_steps": 0}))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    restarted, _ = _params(workdir, 6)
+    full, _ = _params(workdir_full, 6)
+    for a, b in zip(restarted, full, strict=True):
+        np.testing.assert_array_equal(a, b)  # bitwise
+
+
+def test_sigterm_saves_and_exits_zero_and_a_second_run_is_refused_while_live(tmp_path):
+    workdir = tmp_path / "preempted"
+    proc = _run_train(workdir, *_flags(**{"train.num_steps": 100000, "final_eval_split": "",
+                                          "eval_every_steps": 0}), wait=False)
+    _wait_for_checkpoint(workdir, 2, proc)
+    second = _run_train(workdir, *_flags())
+    assert second.returncode != 0
+    assert f"pid {proc.pid}" in second.stdout + second.stderr
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-3000:]
+    assert "Preempted: saved a checkpoint at step" in out
+    step = int(out.split("Preempted: saved a checkpoint at step ")[1].split()[0])
+    assert (workdir / "checkpoints" / str(step)).is_dir()
+
+
+def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+    workdir = tmp_path / "nan"
+    config = tiny_config(**{"train.learning_rate_scale": 1e30, "train.num_steps": 8,
+                            "final_eval_split": "", "eval_every_steps": 0})
+    with pytest.raises(FloatingPointError, match=r"non-finite training loss at step \d+"):
+        train_lib.train_and_evaluate(config, str(workdir))
+    saved = [int(s) for s in os.listdir(workdir / "checkpoints") if s.isdigit()]
+    for step in saved:
+        params, _ = _params(workdir, step)
+        assert all(np.all(np.isfinite(p)) for p in params)
+
+
+def test_typo_in_a_config_override_fails(tmp_path):
+    result = _run_train(tmp_path / "typo", "--config.train.num_stpes=3")
+    assert result.returncode != 0
+    assert "num_stpes" in result.stderr

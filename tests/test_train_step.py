@@ -1,0 +1,221 @@
+"""Tests for the pure parts of train_lib: loss, schedule, train step, accumulation, sharding."""
+
+import functools
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from configs import default as default_config
+from transformer_jax import model as model_lib
+from transformer_jax import sharding, train_lib
+
+VOCAB, BATCH, SRC_LEN, TGT_LEN = 29, 6, 7, 5
+
+
+def _reference_smoothed_ce(logits, targets, eps):
+    """-sum_i q_i log p_i with an explicit smoothed one-hot q, over non-pad positions (NumPy, f64)."""
+    logits = np.asarray(logits, np.float64)
+    logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+        - logits.max(-1, keepdims=True)
+    vocab = logits.shape[-1]
+    q = np.full(logits.shape, eps / vocab)
+    np.put_along_axis(q, np.asarray(targets)[..., None], 1 - eps + eps / vocab, axis=-1)
+    per_token = -(q * logp).sum(-1)
+    weights = np.asarray(targets) != 0
+    nll = -np.take_along_axis(logp, np.asarray(targets)[..., None], -1)[..., 0]
+    return (per_token * weights).sum(), (nll * weights).sum(), weights.sum()
+
+
+def test_label_smoothed_loss_matches_explicit_one_hot_reference():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(3, 5, VOCAB)).astype(np.float32) * 3
+    targets = rng.integers(1, VOCAB, size=(3, 5))
+    targets[0, 3:] = 0
+    targets[2, 1:] = 0
+    for eps in (0.0, 0.1, 0.3):
+        sums = train_lib.cross_entropy_sums(jnp.asarray(logits), jnp.asarray(targets), eps)
+        loss, nll, count = _reference_smoothed_ce(logits, targets, eps)
+        np.testing.assert_allclose(sums["loss"], loss, rtol=1e-5)
+        np.testing.assert_allclose(sums["nll"], nll, rtol=1e-5)
+        assert float(sums["num_tokens"]) == count == 15 - 2 - 4
+
+
+def test_loss_ignores_padding_positions():
+    rng = np.random.default_rng(1)
+    logits = jnp.asarray(rng.normal(size=(1, 4, VOCAB)), jnp.float32)
+    targets = jnp.array([[5, 6, 0, 0]])
+    a = train_lib.cross_entropy_sums(logits, targets, 0.1)
+    b = train_lib.cross_entropy_sums(logits.at[:, 2:].multiply(100.0), targets, 0.1)
+    np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-6)
+
+
+def test_learning_rate_schedule_is_the_papers_formula():
+    schedule = train_lib.learning_rate_schedule(512, 4000)
+    for step in (1, 100, 4000, 10_000, 100_000):
+        expected = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
+        np.testing.assert_allclose(schedule(step - 1), expected, rtol=1e-5)
+    assert float(schedule(3999)) > float(schedule(3998)) and float(schedule(4001)) < float(schedule(4000))
+
+
+def _tiny_model_config(**overrides):
+    fields = dict(vocab_size=VOCAB, d_model=16, d_ff=24, num_heads=4, num_encoder_layers=1,
+                  num_decoder_layers=2, dropout_rate=0.0, max_len=16)
+    fields.update(overrides)
+    return model_lib.ModelConfig(**fields)
+
+
+def _batch(seed=0, batch=BATCH):
+    rng = np.random.default_rng(seed)
+    inputs = rng.integers(4, VOCAB, size=(batch, SRC_LEN)).astype(np.int32)
+    targets = rng.integers(4, VOCAB, size=(batch, TGT_LEN)).astype(np.int32)
+    inputs[1, 4:] = 0
+    targets[2, 2:] = 0
+    targets[:, -1] = np.where(targets[:, -1] > 0, 1, 0)
+    return {"inputs": jnp.asarray(inputs), "targets": jnp.asarray(targets)}
+
+
+def _state(cfg, tx, seed=0):
+    params = model_lib.init_params(cfg, rng=jax.random.key(seed))
+    return train_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                                opt_state=tx.init(params), rng=jax.random.PRNGKey(seed))
+
+
+def test_train_step_reduces_loss_and_counts_steps():
+    cfg = _tiny_model_config()
+    tx = optax.adam(3e-3)
+    step = jax.jit(functools.partial(train_lib.train_step, model=model_lib.Transformer(cfg), tx=tx,
+                                     label_smoothing=0.1))
+    state, batch = _state(cfg, tx), _batch()
+    first = None
+    for _ in range(30):
+        state, sums = step(state, batch)
+        first = first if first is not None else float(sums["loss"] / sums["num_tokens"])
+    assert int(state.step) == 30
+    assert float(sums["loss"] / sums["num_tokens"]) < 0.6 * first
+    assert int(sums["bad_step"]) == train_lib.NO_BAD_STEP
+
+
+def test_gradient_accumulation_gives_the_same_update():
+    cfg = _tiny_model_config()
+    tx = optax.adam(1e-2)
+    batch = _batch(3)
+    results = []
+    for k in (1, 2, 3):
+        step = jax.jit(functools.partial(train_lib.train_step, model=model_lib.Transformer(cfg), tx=tx,
+                                         label_smoothing=0.1, grad_accum_steps=k))
+        state, sums = step(_state(cfg, tx), batch)
+        state, sums = step(state, batch)
+        results.append((state.params, sums))
+    for params, sums in results[1:]:
+        np.testing.assert_allclose(sums["loss"], results[0][1]["loss"], rtol=1e-5)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5),
+                     params, results[0][0])
+
+
+def test_non_finite_loss_reports_the_step():
+    cfg = _tiny_model_config()
+    tx = optax.sgd(1.0)
+    state = _state(cfg, tx)
+    state = state.replace(params=jax.tree.map(lambda p: p * jnp.nan, state.params), step=jnp.int32(6))
+    _, sums = train_lib.train_step(state, _batch(), model=model_lib.Transformer(cfg), tx=tx,
+                                   label_smoothing=0.1)
+    assert int(sums["bad_step"]) == 7
+    with pytest.raises(FloatingPointError, match="step 7"):
+        class _Ckpt:
+            directory = "/tmp/ckpt"
+
+            def latest_step(self):
+                return 5
+        train_lib._check_and_summarize(sums, _Ckpt())
+
+
+def test_config_validation_fails_before_compiling():
+    config = default_config.get_config()
+    config.model.d_model = 130  # not divisible by 4 heads
+    with pytest.raises(ValueError, match="d_model=130 is not divisible by num_heads=4"):
+        train_lib.validate_config(config)
+    config = default_config.get_config()
+    config.train.label_smoothing = 1.5
+    with pytest.raises(ValueError, match="label_smoothing"):
+        train_lib.validate_config(config)
+    config = default_config.get_config()
+    config.sharding.logical_axis_rules = (("batch", "dataa"),)
+    with pytest.raises(ValueError, match="dataa"):
+        train_lib.validate_config(config)
+
+
+def test_locked_config_rejects_typos():
+    config = default_config.get_config()
+    config.lock()
+    with pytest.raises(AttributeError):
+        config.train.num_stpes = 3
+
+
+def test_mesh_shape_resolution():
+    assert sharding.resolve_mesh_shape((-1, 1), 8) == (8, 1)
+    assert sharding.resolve_mesh_shape((-1, 2), 8) == (4, 2)
+    with pytest.raises(ValueError, match="not divisible"):
+        sharding.resolve_mesh_shape((-1, 3), 8)
+    with pytest.raises(ValueError, match="needs 6 devices, found 8"):
+        sharding.resolve_mesh_shape((3, 2), 8)
+    with pytest.raises(ValueError, match="at most one -1"):
+        sharding.resolve_mesh_shape((-1, -1), 8)
+
+
+SHARDED_SCRIPT = textwrap.dedent("""
+    import functools, json, sys
+    import jax, jax.numpy as jnp, numpy as np, optax, flax.linen as nn
+    jax.config.update("jax_default_matmul_precision", "highest")
+    from transformer_jax import model as model_lib, sharding, train_lib
+    assert jax.device_count() == 8, jax.devices()
+    cfg = model_lib.ModelConfig(vocab_size=32, d_model=16, d_ff=24, num_heads=4, num_encoder_layers=1,
+                                num_decoder_layers=1, dropout_rate=0.0, max_len=16)
+    rng = np.random.default_rng(0)
+    batch = {"inputs": rng.integers(1, 32, size=(8, 7)).astype(np.int32),
+             "targets": rng.integers(1, 32, size=(8, 5)).astype(np.int32)}
+    rules = (("batch", "data"), ("length", None), ("embed", None), ("heads", "model"), ("kv", None),
+             ("mlp", "model"), ("vocab", "model"))
+    tx = optax.adam(1e-2)
+    out = {}
+    for shape in [(1, 1), (8, 1), (4, 2), (2, 4)]:
+        devices = jax.devices()[: shape[0] * shape[1]]
+        mesh = sharding.make_mesh(shape, devices)
+        state, state_sharding = train_lib.create_train_state(cfg, tx, mesh, rules, seed=0)
+        step = jax.jit(functools.partial(train_lib.train_step, model=model_lib.Transformer(cfg), tx=tx,
+                                         label_smoothing=0.1),
+                       in_shardings=(state_sharding, sharding.batch_sharding(mesh)),
+                       out_shardings=(state_sharding, None), donate_argnums=0)
+        with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+            for _ in range(2):
+                state, sums = step(state, sharding.global_batch(batch, mesh))
+        wq = state.params["decoder"]["layer_0"]["self_attention"]["query"]
+        out[str(shape)] = {
+            "loss": float(sums["loss"]),
+            "params": [np.asarray(p).ravel().tolist() for p in jax.tree.leaves(state.params)],
+            "query_sharding": str(wq.sharding.spec),
+        }
+    json.dump(out, sys.stdout)
+""")
+
+
+def test_sharded_train_step_matches_one_device():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", SHARDED_SCRIPT], capture_output=True, text=True,
+                          env=env, timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    results = json.loads(proc.stdout)
+    reference = results.pop("(1, 1)")
+    assert "None, 'model', None" in results["(2, 4)"]["query_sharding"]
+    for shape, result in results.items():
+        np.testing.assert_allclose(result["loss"], reference["loss"], rtol=1e-6, err_msg=shape)
+        for a, b in zip(result["params"], reference["params"], strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5, err_msg=shape)

@@ -1,0 +1,36 @@
+"""Trains the Transformer: `python train.py [--config=configs/X.py] [--workdir=DIR] [--config.key=value]`.
+
+With no flags it trains the embedded default (configs/default.py, a synthetic task) into ./workdir.
+Running it again on a workdir that holds checkpoints resumes. All logic is in transformer_jax.train_lib.
+"""
+
+import os
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from transformer_jax import train_lib
+
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "default.py")
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", _DEFAULT_CONFIG, "Training config file (ml_collections).", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", "workdir", "Directory for checkpoints, tokenizer, metrics.")
+_MULTIPROCESS = flags.DEFINE_bool(
+    "multiprocess", False,
+    "Call jax.distributed.initialize() first (multi-host: TPU pods, SLURM, or the JAX_COORDINATOR_* "
+    "environment variables).")
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    if _MULTIPROCESS.value:
+        import jax
+
+        jax.distributed.initialize()
+    logging.set_verbosity(logging.WARNING)
+    train_lib.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+    app.run(main)
