@@ -122,8 +122,8 @@ def bench_decode(peak: float, *, repeats: int, batch: int = 16, src_len: int = 3
         if beam == 1:
             run = lambda: decode.greedy_search(params, cfg, inputs, max_len=new_tokens, min_len=new_tokens)
         else:
-            run = lambda: decode.beam_search(params, cfg, inputs, beam_size=beam, max_len=new_tokens,
-                                             min_len=new_tokens)[0]
+            run = functools.partial(lambda b: decode.beam_search(
+                params, cfg, inputs, beam_size=b, max_len=new_tokens, min_len=new_tokens)[0], beam)
         jax.block_until_ready(run())  # compile
         seconds = _median_seconds(run, repeats)
         gflop = flops.decode_flops(cfg, batch, src_len, new_tokens, beam_size=beam,
