@@ -235,3 +235,11 @@ def test_witness_runs_inside_jit():
     good(jnp.asarray(logits)).block_until_ready()
     with pytest.raises(Exception, match="witness"):
         bad(jnp.asarray(logits)).block_until_ready()
+
+
+def test_single_query_fast_path_matches_reference():
+    q, k, v = _qkv(9, q_len=1)
+    mask = attention.padding_mask(None, jnp.array([[1] * 7, [1] * 3 + [0] * 4, [0] * 7]))
+    out, weights = attention.dot_product_attention(q, k, v, mask, return_weights=True)
+    np.testing.assert_allclose(out, _reference(q, k, v, np.asarray(mask)), rtol=1e-5, atol=1e-5)
+    assert weights.shape == (BATCH, HEADS, 1, KV_LEN) and attention.attention_witness(weights, mask).ok

@@ -143,7 +143,14 @@ def dot_product_attention(
         raise ValueError(f"mask must be rank 4 [batch, heads, q_len, kv_len], got shape {mask.shape}")
     if scale_logits:
         query = query / jnp.asarray(math.sqrt(d_k), query.dtype)
-    logits = jnp.einsum("bqhd,bkhd->bhqk", query, key, precision=precision)  # [B, H, Q, K]
+    single_query = query.shape[1] == 1  # a cached decoding step
+    if single_query:
+        # The same contraction without the [B, K, H, D] -> [B, H, K, D] copy of the whole cache that
+        # XLA:CPU makes for the batched einsum at every decoding step.
+        logits = jnp.sum(query * key, axis=-1, dtype=query.dtype)  # [B, K, H]
+        logits = jnp.transpose(logits, (0, 2, 1))[:, :, None, :]  # [B, H, 1, K]
+    else:
+        logits = jnp.einsum("bqhd,bkhd->bhqk", query, key, precision=precision)  # [B, H, Q, K]
     # Softmax in at least float32, also when computing in bfloat16.
     logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
     if bias is not None:
@@ -155,7 +162,11 @@ def dot_product_attention(
             raise ValueError("dropout_rate > 0 needs an rng")
         keep = jax.random.bernoulli(rng, 1.0 - dropout_rate, weights.shape)
         mixing = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
-    out = jnp.einsum("bhqk,bkhd->bqhd", mixing.astype(value.dtype), value, precision=precision)
+    if single_query:
+        mix = jnp.transpose(mixing[:, :, 0, :], (0, 2, 1))[..., None].astype(value.dtype)  # [B, K, H, 1]
+        out = jnp.sum(mix * value, axis=1, keepdims=True)  # [B, 1, H, D_v]
+    else:
+        out = jnp.einsum("bhqk,bkhd->bqhd", mixing.astype(value.dtype), value, precision=precision)
     return (out, weights) if return_weights else out
 
 
