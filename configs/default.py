@@ -20,7 +20,7 @@ def get_config() -> ml_collections.ConfigDict:
         source="synthetic",  # the embedded toy language pair
         vocab_size=1000,  # shared SentencePiece BPE vocabulary
         max_len=64,  # longest example, in tokens including EOS
-        tokens_per_batch=4096,  # padded source (and target) tokens per global batch
+        tokens_per_batch=2048,  # padded source (and target) tokens per global batch
         length_buckets=(16, 32, 48, 64),  # padded lengths: one compiled program each
     )
 

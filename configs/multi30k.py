@@ -30,10 +30,10 @@ def get_config():
     config.model.num_decoder_layers = 3
     config.model.dropout_rate = 0.1
 
-    config.train.num_steps = 3000
-    config.train.warmup_steps = 800
-    config.train.learning_rate_scale = 1.0
-    config.eval_every_steps = 500
+    config.train.num_steps = 1000  # ~9 epochs of 29k pairs; ~12 minutes on 2 CPU cores
+    config.train.warmup_steps = 400
+    config.train.learning_rate_scale = 0.6  # peak lr 1.9e-3; the post-norm model stalls much above it
+    config.eval_every_steps = 250
     config.eval_bleu_examples = 200
-    config.checkpoint_every_steps = 500
+    config.checkpoint_every_steps = 250
     return config

@@ -10,8 +10,8 @@ import time
 import jax
 import numpy as np
 import pytest
+from tiny import config_with
 
-from configs import default as default_config
 from transformer_jax import train_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,15 +30,7 @@ TINY = {
 
 
 def tiny_config(**overrides):
-    config = default_config.get_config()
-    for key, value in {**TINY, **overrides}.items():
-        node = config
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
-    config.lock()
-    return config
+    return config_with({**TINY, **overrides})
 
 
 def _flags(**overrides) -> list[str]:
@@ -75,7 +67,9 @@ def _run_train(workdir, *flags, timeout=300, wait=True):
 def uninterrupted(tmp_path_factory):
     """One uninterrupted 6-step run, shared by the tests that compare against it."""
     workdir = tmp_path_factory.mktemp("uninterrupted")
-    final = train_lib.train_and_evaluate(tiny_config(), str(workdir))
+    # Profiling steps 2-3 must not change the numbers the other tests compare against.
+    config = tiny_config(**{"profile_start_step": 2, "profile_num_steps": 2})
+    final = train_lib.train_and_evaluate(config, str(workdir))
     return workdir, final
 
 
@@ -94,6 +88,8 @@ def test_run_writes_metrics_tensorboard_checkpoints_and_final_report(uninterrupt
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(workdir / "tensorboard"))
     assert sorted(int(s) for s in os.listdir(workdir / "checkpoints") if s.isdigit()) == [2, 4, 6]
     assert (workdir / "tokenizer").is_dir()
+    traces = [f for _, _, files in os.walk(workdir / "profile") for f in files]
+    assert any(f.endswith(".xplane.pb") for f in traces), traces
 
 
 def test_resume_continues_bitwise(tmp_path, uninterrupted):

@@ -30,10 +30,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.model import BOS_ID, PAD_ID, ModelConfig, Transformer, shift_right
+from transformer_jax.model import BOS_ID, EOS_ID, PAD_ID, ModelConfig, Transformer, shift_right
 
 Array = jax.Array
-EOS_ID = 1  # end of sequence (matches the tokenizer: PAD=0, EOS=1, UNK=2, BOS=3)
 NEG_INF = -1.0e7  # log(0) stand-in: finite, so sums, divisions and comparisons never make NaN
 _INVALID = 0.5 * NEG_INF  # log probabilities below this belong to impossible hypotheses
 

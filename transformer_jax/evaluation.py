@@ -5,6 +5,7 @@ Shared by the training loop (periodic dev metrics, the final test report) and ``
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -112,6 +113,58 @@ def final_report(trainer, config) -> dict[str, Any]:
     return report
 
 
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    """A trained model read back from a ``train.py`` workdir.
+
+    Attributes:
+      config: the run's ml_collections config.
+      tokenizer: the run's SentencePiece tokenizer.
+      model_config: the run's ModelConfig.
+      params: the parameters.
+      step: the checkpoint step.
+      checkpoint_dir: where the checkpoints are (for averaging).
+      abstract_state: the restore target (shapes and dtypes of the whole TrainState).
+    """
+
+    config: Any
+    tokenizer: Any
+    model_config: ModelConfig
+    params: Any
+    step: int
+    checkpoint_dir: str
+    abstract_state: Any
+
+
+def restore_workdir(workdir: str, step: int | None = None) -> Restored:
+    """Reads the config, tokenizer and parameters of ``workdir`` (by default its latest good step)."""
+    import os
+
+    import ml_collections
+
+    from transformer_jax import checkpoint as checkpoint_lib
+    from transformer_jax import data as data_lib
+    from transformer_jax import train_lib
+
+    ckpt = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"), save_every_steps=None,
+                                       save_every_minutes=None, read_only=True)
+    try:
+        if ckpt.latest_step() is None:
+            raise FileNotFoundError(f"no checkpoint in {ckpt.directory}; train first with train.py")
+        config = ml_collections.ConfigDict(ckpt.restore_config(step))
+        if not os.path.isdir(os.path.join(workdir, "tokenizer")):
+            raise FileNotFoundError(f"no tokenizer in {workdir}/tokenizer; is {workdir} a train.py workdir?")
+        tokenizer = data_lib.load_or_train_tokenizer(config.data, workdir)
+        model_config = train_lib.model_config_from(config, tokenizer.vocab_size)
+        target = train_lib.abstract_train_state(
+            model_config, train_lib.make_optimizer(config, model_config.d_model))
+        state, _, _, restored_step = ckpt.restore(target, step)
+        return Restored(config, tokenizer, model_config, state.params, int(restored_step),
+                        ckpt.directory, target)
+    finally:
+        ckpt.close()
+
+
 def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int = 0,
                      split: str = "test", source_file: str | None = None,
                      reference_file: str | None = None, beam_size: int = 4, alpha: float = 0.6,
@@ -119,7 +172,7 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
     """Restores a training workdir and scores it: PPL, sacreBLEU, tokenized BLEU, paper table.
 
     Writes the translations to ``<workdir>/eval/<split>-<step>.txt`` and the numbers to
-    ``<workdir>/eval/<split>-<step>.json``; prints a markdown table beside the paper's row.
+    ``<workdir>/eval/<split>-<step>.json``; returns them with a markdown table beside the paper's row.
 
     Args:
       workdir: a directory written by ``train.py`` (checkpoints, tokenizer, config).
@@ -131,34 +184,22 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
     import json
     import os
 
-    import ml_collections
-
     from transformer_jax import checkpoint as checkpoint_lib
     from transformer_jax import data as data_lib
-    from transformer_jax import report, train_lib
+    from transformer_jax import report
 
-    ckpt = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"), save_every_steps=None,
-                                       save_every_minutes=None, read_only=True)
-    if ckpt.latest_step() is None:
-        raise FileNotFoundError(f"no checkpoint in {ckpt.directory}; train first with train.py")
-    config = ml_collections.ConfigDict(ckpt.restore_config(step))
-    tokenizer_path = os.path.join(workdir, "tokenizer")
-    if not os.path.isdir(tokenizer_path):
-        raise FileNotFoundError(f"no tokenizer in {tokenizer_path}; is {workdir} a train.py workdir?")
-    tokenizer = data_lib.load_or_train_tokenizer(config.data, workdir)
-    model_config = train_lib.model_config_from(config, tokenizer.vocab_size)
-    target = train_lib.abstract_train_state(
-        model_config, train_lib.make_optimizer(config, model_config.d_model))
-    state, _, _, restored_step = ckpt.restore(target, step)
-    params = state.params
+    restored = restore_workdir(workdir, step)
+    config, tokenizer, model_config = restored.config, restored.tokenizer, restored.model_config
+    params = restored.params
     if average_last > 1:
-        steps = [s for s in ckpt.all_steps() if s <= restored_step]
+        steps = [s for s in checkpoint_lib.Checkpointer(
+            restored.checkpoint_dir, save_every_steps=None, save_every_minutes=None,
+            read_only=True).all_steps() if s <= restored.step]
         if len(steps) < average_last:
             raise ValueError(f"--average_last={average_last} needs {average_last} checkpoints up to step "
-                             f"{restored_step} in {ckpt.directory}; found {len(steps)}: {steps}")
-        params = checkpoint_lib.average_checkpoints(ckpt.directory, target, average_last,
-                                                    steps=steps[-average_last:])
-    ckpt.close()
+                             f"{restored.step} in {restored.checkpoint_dir}; found {len(steps)}: {steps}")
+        params = checkpoint_lib.average_checkpoints(restored.checkpoint_dir, restored.abstract_state,
+                                                    average_last, steps=steps[-average_last:])
 
     if source_file or reference_file:
         if not (source_file and reference_file):
@@ -174,7 +215,7 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
                                  alpha=alpha, max_extra_len=max_extra_len,
                                  target_lang=config.data.tgt_lang)
     results = {
-        "config": config.name, "split": split, "step": restored_step, "average_last": average_last,
+        "config": config.name, "split": split, "step": restored.step, "average_last": average_last,
         "beam_size": beam_size, "alpha": alpha, "num_sentences": len(scores["hypotheses"]),
         "ppl": ppl["ppl"], "nll": ppl["nll"], "sacrebleu": scores["sacrebleu"],
         "sacrebleu_signature": scores["sacrebleu_signature"],
@@ -183,7 +224,7 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
     }
     out_dir = os.path.join(workdir, "eval")
     os.makedirs(out_dir, exist_ok=True)
-    stem = os.path.join(out_dir, f"{split}-{restored_step}")
+    stem = os.path.join(out_dir, f"{split}-{restored.step}")
     with open(stem + ".txt", "w") as f:
         f.writelines(h + "\n" for h in scores["hypotheses"])
     with open(stem + ".json", "w") as f:

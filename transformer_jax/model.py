@@ -29,11 +29,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax import attention, blockwise_attention
+from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: F401 (re-exported)
 from transformer_jax.sharding import BATCH, EMBED, HEADS, KV, LENGTH, MLP, VOCAB
 
 Array = jax.Array
-PAD_ID = 0
-BOS_ID = 3  # begin token that starts the shifted-right decoder input (matches the tokenizer)
 
 POSITION_ENCODINGS = ("sinusoidal", "learned")
 NORM_STYLES = ("post", "pre")

@@ -355,13 +355,14 @@ def _train_locked(config, workdir, is_main) -> dict[str, Any]:
               f"{jax.process_count()} processes")
 
     sums, interval_flops, interval_tokens, interval_start = None, 0.0, 0, time.time()
-    preempted = False
+    preempted = profiling = False
     with jax.set_mesh(trainer.mesh), nn.logical_axis_rules(trainer.rules), \
             checkpoint_lib.PreemptionGuard() as guard:
         step = start_step
         while step < num_steps:
             if config.profile_start_step and step == config.profile_start_step:
                 jax.profiler.start_trace(os.path.join(workdir, "profile"))
+                profiling = True
             local = next(trainer.train_iter)
             batch = sharding.global_batch(local, trainer.mesh)
             trainer.state, step_sums = trainer.train_step(trainer.state, batch)
@@ -369,8 +370,9 @@ def _train_locked(config, workdir, is_main) -> dict[str, Any]:
             sums = accumulate_metrics(sums, step_sums)
             interval_flops += trainer.step_flops(local)
             interval_tokens += int(np.count_nonzero(local["targets"])) * jax.process_count()
-            if config.profile_start_step and step == config.profile_start_step + config.profile_num_steps:
+            if profiling and step == config.profile_start_step + config.profile_num_steps:
                 jax.profiler.stop_trace()
+                profiling = False
             if step % config.log_every_steps == 0 or step == num_steps:
                 summary = _check_and_summarize(sums, ckpt)
                 elapsed = time.time() - interval_start
@@ -394,6 +396,8 @@ def _train_locked(config, workdir, is_main) -> dict[str, Any]:
             if stop:
                 preempted = True
                 break
+    if profiling:  # the run ended inside the profiled range
+        jax.profiler.stop_trace()
     ckpt.wait()
     if preempted:
         ckpt.close()
