@@ -30,7 +30,7 @@ def get_config():
     config.model.num_decoder_layers = 3
     config.model.dropout_rate = 0.1
 
-    config.train.num_steps = 1000  # ~9 epochs of 29k pairs; ~12 minutes on 2 CPU cores
+    config.train.num_steps = 1000  # ~40 minutes on 2 CPU cores (2.3 s per step measured here)
     config.train.warmup_steps = 400
     config.train.learning_rate_scale = 0.6  # peak lr 1.9e-3; the post-norm model stalls much above it
     config.eval_every_steps = 250
