@@ -201,11 +201,14 @@ def eval_step(params, batch: dict, *, model: Transformer, label_smoothing: float
     return cross_entropy_sums(logits, batch["targets"], label_smoothing)
 
 
-def accumulate_metrics(total: dict | None, new: dict) -> dict:
-    """Adds metric sums on the device (no host sync); ``bad_step`` keeps the first bad step."""
-    if total is None:
-        return dict(new)
+@jax.jit
+def _add_metrics(total: dict, new: dict) -> dict:
     return {k: jnp.minimum(total[k], v) if k == "bad_step" else total[k] + v for k, v in new.items()}
+
+
+def accumulate_metrics(total: dict | None, new: dict) -> dict:
+    """Adds metric sums on the device in one dispatch (no host sync); ``bad_step`` keeps the first."""
+    return dict(new) if total is None else _add_metrics(total, new)
 
 
 def summarize(sums: dict) -> dict[str, float]:
@@ -308,18 +311,26 @@ class Trainer:
         if self.process_count > 1:
             return {}
         cfg = self.config
-        batches = data_lib.make_eval_batches(cfg.data, self.tokenizer, "dev")
-        metrics = evaluation.perplexity(self.state.params, self.model_config, batches,
+        metrics = evaluation.perplexity(self.state.params, self.model_config, self._dev_batches,
                                         label_smoothing=cfg.train.label_smoothing)
         results = {f"dev_{k}": v for k, v in metrics.items()}
         if cfg.eval_bleu_examples:
-            sample = data_lib.make_eval_batches(cfg.data, self.tokenizer, "dev",
-                                                max_examples=cfg.eval_bleu_examples)
             scores = evaluation.translate_and_score(
-                self.state.params, self.model_config, self.tokenizer, sample, beam_size=1,
-                target_lang=cfg.data.tgt_lang)
+                self.state.params, self.model_config, self.tokenizer, self._dev_bleu_batches,
+                beam_size=1, target_lang=cfg.data.tgt_lang)
             results["dev_bleu"] = scores["sacrebleu"]
         return results
+
+    @functools.cached_property
+    def _dev_batches(self) -> list:
+        """The whole dev split, read and tokenized once per run."""
+        return data_lib.make_eval_batches(self.config.data, self.tokenizer, "dev")
+
+    @functools.cached_property
+    def _dev_bleu_batches(self) -> list:
+        """The dev sentences decoded for the periodic BLEU."""
+        return data_lib.make_eval_batches(self.config.data, self.tokenizer, "dev",
+                                          max_examples=self.config.eval_bleu_examples)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
