@@ -1,4 +1,7 @@
-"""BLEU two ways: standard sacreBLEU, and the paper's tokenized, compound-split BLEU.
+"""BLEU three ways: standard sacreBLEU, the paper's tokenized compound-split BLEU, and Multi30k's convention.
+
+Evaluation calls ``score_all(hypotheses, references, lang)``, which returns all three, keyed by
+``PROTOCOLS``; each function below computes one of them.
 
 The paper does not say how its BLEU was computed. Its code (tensor2tensor) shipped
 ``tensor2tensor/utils/get_ende_bleu.sh`` for EN-DE, which fairseq's scaling_nmt README says "was used
@@ -33,6 +36,16 @@ How ``tokenized_bleu`` follows the script, and why:
   its ``\\S`` matches one byte of a multi-byte character, and "a-ü-b" is split at both hyphens (the scan
   resumes inside "ü"), while a character-level regex would split only the first. Global substitution
   resumes after each match, so "a-b-c" becomes "a ##AT##-##AT## b-c", exactly as perl's ``s///g``.
+
+``multi30k_bleu`` is the Multi30k literature's number: the dataset's ``scripts/task1-tokenize.sh`` makes
+its tokenized references with ``lowercase.perl | normalize-punctuation.perl -l LANG | tokenizer.perl -l
+LANG`` (no ``-a``, default escaping), and systems are scored against them with ``multi-bleu.perl``. We
+put both the hypotheses and the raw reference through the same three steps with sacremoses, in that
+order, so scoring needs only the raw reference. On test2016 the raw references through this pipeline
+equal the dataset's ``test_2016_flickr.lc.norm.tok.{de,en}`` line for line (BLEU 100.00 both ways;
+``tests/test_bleu.py`` checks it). Escaping does not change the score (it maps tokens one to one on
+both sides), but without it the pipeline's text differs from the official files on every ``"`` and
+``'`` (BLEU 99.70 for de, 99.43 for en against them), so we escape as ``tokenizer.perl`` does.
 """
 
 from __future__ import annotations
@@ -50,6 +63,10 @@ from sacrebleu.metrics import BLEU
 # perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g', on bytes like perl without -C.
 _COMPOUND_HYPHEN = re.compile(rb"(\S)-(\S)")
 _COMPOUND_SPLIT = rb"\1 ##AT##-##AT## \2"
+
+
+# The protocols that score_all computes, in the order reports print them.
+PROTOCOLS = ("sacrebleu", "tokenized", "multi30k")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +128,64 @@ def tokenized_bleu(
     return _result(score, signature)
 
 
+def multi30k_bleu(hypotheses: Sequence[str], references: Sequence[str], lang: str) -> BleuResult:
+    """Multi30k's BLEU: lowercased, punctuation-normalized, Moses-tokenized, multi-bleu.perl.
+
+    Args:
+      hypotheses: detokenized system outputs, one per sentence.
+      references: the raw (cased, untokenized) reference translations, one per sentence; not the
+        dataset's ``*.lc.norm.tok.*`` files, which this pipeline reproduces.
+      lang: target language code ("de", "en", ...) for the normalizer and the tokenizer.
+    """
+    hypotheses, references = _check_corpus(hypotheses, references)
+    hypotheses = [multi30k_tokenize(h, lang) for h in hypotheses]
+    references = [multi30k_tokenize(r, lang) for r in references]
+    score = sacrebleu.corpus_bleu(hypotheses, [references], smooth_method="none", tokenize="none", force=True)
+    signature = (
+        f"lc|norm-punct:moses-{lang}|tok:moses-{lang}+escape|case:lc|smooth:none|nrefs:1|multi-bleu"
+        f"|sacremoses:{_version(sacremoses)}|sacrebleu:{sacrebleu.__version__}"
+    )
+    return _result(score, signature)
+
+
+def multi30k_tokenize(text: str, lang: str) -> str:
+    """``lowercase.perl | normalize-punctuation.perl -l lang | tokenizer.perl -l lang``, as Multi30k does.
+
+    'Er sagte „Ja“.' -> "er sagte &quot; ja &quot; ."; "A man's hat." -> "a man &apos;s hat ." (en).
+    """
+    normalized = _punct_normalizer(lang).normalize(text.lower())
+    return moses_tokenize(normalized, lang)
+
+
+def score_all(
+    hypotheses: Sequence[str], references: Sequence[str], lang: str, *,
+    protocols: Sequence[str] = PROTOCOLS,
+) -> dict[str, BleuResult]:
+    """Corpus BLEU under each protocol in ``protocols`` (default: all of ``PROTOCOLS``).
+
+    Args:
+      hypotheses: detokenized system outputs, one per sentence.
+      references: the raw reference translations, one per sentence.
+      lang: target language code ("de", "en", ...), used by the tokenized and multi30k protocols.
+      protocols: a subset of ``PROTOCOLS``, e.g. ``("multi30k",)`` for a quick dev score.
+
+    Returns:
+      ``{protocol: BleuResult}`` in the order of ``protocols``; ``result.to_dict()`` is JSON-ready.
+    """
+    if isinstance(protocols, str):
+        protocols = (protocols,)
+    unknown = [p for p in protocols if p not in PROTOCOLS]
+    if unknown or not protocols:
+        raise ValueError(
+            f"unknown BLEU protocol(s) {unknown or list(protocols)}; choose from {list(PROTOCOLS)}")
+    scorers = {
+        "sacrebleu": lambda: sacrebleu_score(hypotheses, references),
+        "tokenized": lambda: tokenized_bleu(hypotheses, references, lang),
+        "multi30k": lambda: multi30k_bleu(hypotheses, references, lang),
+    }
+    return {protocol: scorers[protocol]() for protocol in protocols}
+
+
 def moses_tokenize(text: str, lang: str, *, escape: bool = True) -> str:
     """``tokenizer.perl -l lang`` with its default options (so XML characters are escaped).
 
@@ -131,6 +206,11 @@ def split_compounds(text: str) -> str:
 @functools.cache
 def _moses_tokenizer(lang: str) -> sacremoses.MosesTokenizer:
     return sacremoses.MosesTokenizer(lang=lang)
+
+
+@functools.cache
+def _punct_normalizer(lang: str) -> sacremoses.MosesPunctNormalizer:
+    return sacremoses.MosesPunctNormalizer(lang=lang)
 
 
 def _check_corpus(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[list[str], list[str]]:
