@@ -6,8 +6,26 @@ Every other config starts from this one and overrides what differs.
 """
 
 import ml_collections
+from ml_collections import config_dict
 
+from transformer_jax import paper
 from transformer_jax.data.config import default_data_config
+from transformer_jax.model import ModelConfig
+
+
+def model_config(**overrides) -> ml_collections.ConfigDict:
+    """``config.model``: every settable ModelConfig field at its default (the paper's base), overridden.
+
+    Fields whose default is None (``d_k``, ``d_v``, ``decode_cache_len``: "derive it") become int
+    placeholders, so ``--config.model.d_k=64`` still parses.
+    """
+    fields = ModelConfig.settable_defaults()
+    unknown = sorted(set(overrides) - set(fields))
+    if unknown:
+        raise ValueError(f"{unknown} are not ModelConfig fields; expected some of {sorted(fields)}")
+    fields.update(overrides)
+    return ml_collections.ConfigDict(
+        {name: config_dict.placeholder(int) if value is None else value for name, value in fields.items()})
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -24,23 +42,16 @@ def get_config() -> ml_collections.ConfigDict:
         length_buckets=(16, 32, 48, 64),  # padded lengths: one compiled program each
     )
 
-    # Model (paper names; see transformer_jax/model.py). 0 for d_k / d_v means d_model // num_heads.
-    config.model = ml_collections.ConfigDict()
-    config.model.d_model = 128  # model width
-    config.model.d_ff = 512  # inner size of the position-wise feed-forward network
-    config.model.num_heads = 4  # h
-    config.model.d_k = 0  # query/key size per head (0: d_model // num_heads)
-    config.model.d_v = 0  # value size per head (0: d_model // num_heads)
-    config.model.num_encoder_layers = 3  # N for the encoder
-    config.model.num_decoder_layers = 3  # N for the decoder
-    config.model.dropout_rate = 0.1  # P_drop on sub-layer outputs and embedding sums
-    config.model.attention_dropout_rate = 0.0  # not in the paper
-    config.model.max_len = 256  # longest position: source, target, or decoded output (input + 50)
-    config.model.position_encoding = "sinusoidal"  # or "learned" (Table 3 row E)
-    config.model.norm_style = "post"  # "post" as in the paper, or "pre"
-    config.model.attention_impl = "dense"  # or "blockwise" (memory-efficient, long sequences)
-    config.model.dtype = "float32"  # compute dtype: "float32" or "bfloat16" (params stay float32)
-    config.model.attention_witness = False  # check every attention map at run time (slow; debugging)
+    # Model: overrides of ModelConfig (transformer_jax/model.py documents every field; its defaults are
+    # the paper's base model). config.model holds every ModelConfig field, so any can be set from here
+    # or from the command line, e.g. --config.model.attention_impl=blockwise.
+    config.model = model_config(
+        d_model=128,  # model width
+        d_ff=512,  # inner size of the position-wise feed-forward network
+        num_heads=4,  # h
+        num_encoder_layers=3,  # N for the encoder
+        num_decoder_layers=3,  # N for the decoder
+    )
 
     # Optimization (section 5.3): Adam and the warmup / inverse-square-root schedule.
     config.train = ml_collections.ConfigDict()
@@ -61,8 +72,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.eval_every_steps = 500  # dev loss / PPL and dev BLEU
     config.eval_bleu_examples = 200  # dev sentences decoded for the periodic BLEU (greedy)
     config.final_eval_split = "test"  # split decoded and scored at the end ("" skips)
-    config.final_beam_size = 4  # beam for the final evaluation (paper: 4)
-    config.final_alpha = 0.6  # length penalty (paper: 0.6)
+    config.final_beam_size = paper.BEAM_SIZE  # beam for the final evaluation
+    config.final_alpha = paper.LENGTH_PENALTY_ALPHA  # GNMT length penalty
+    config.final_max_extra_len = paper.MAX_EXTRA_LEN  # longest output = input length + this
     config.checkpoint_every_steps = 500  # save every N steps (0: off)
     config.checkpoint_every_minutes = 10.0  # and every M minutes (paper averaged 10-minute checkpoints)
     config.checkpoint_keep = 5  # how many recent checkpoints to keep

@@ -7,6 +7,7 @@ Needs TFDS wmt14_translate prepared in data.tfds_data_dir (see README, "Data").
 """
 
 from configs import default as default_lib
+from transformer_jax import paper
 
 
 def get_config():
@@ -22,18 +23,11 @@ def get_config():
     config.data.tokens_per_batch = 25_000  # ~25k source and ~25k target tokens per step (section 5.1)
     config.data.length_buckets = (16, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256)
 
-    config.model.d_model = 512
-    config.model.d_ff = 2048
-    config.model.num_heads = 8
-    config.model.d_k = 64
-    config.model.d_v = 64
-    config.model.num_encoder_layers = 6
-    config.model.num_decoder_layers = 6
-    config.model.dropout_rate = 0.1
-    config.model.attention_dropout_rate = 0.0
+    config.model = default_lib.model_config()  # ModelConfig's defaults are the paper's base model
+
 
     config.train.num_steps = 100_000
-    config.train.warmup_steps = 4000
+    config.train.warmup_steps = paper.WARMUP_STEPS
     config.train.learning_rate_scale = 1.0  # the paper's schedule exactly
     config.train.label_smoothing = 0.1
 

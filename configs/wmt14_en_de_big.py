@@ -12,9 +12,7 @@ def get_config():
     config.name = "wmt14_en_de_big"
     config.model.d_model = 1024
     config.model.d_ff = 4096
-    config.model.num_heads = 16
-    config.model.d_k = 64
-    config.model.d_v = 64
+    config.model.num_heads = 16  # d_k = d_v = 1024 / 16 = 64
     config.model.dropout_rate = 0.3
     config.train.num_steps = 300_000
     return config

@@ -8,8 +8,6 @@ import numpy as np
 import pytest
 
 from transformer_jax.data import (
-    EOS_ID,
-    PAD_ID,
     default_data_config,
     get_source,
     load_or_train_tokenizer,
@@ -18,6 +16,7 @@ from transformer_jax.data import (
     tokenize_pairs,
 )
 from transformer_jax.data.batching import bucket_batch_sizes, gather_padded
+from transformer_jax.special_ids import EOS_ID, PAD_ID
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

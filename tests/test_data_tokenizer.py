@@ -8,14 +8,11 @@ import pytest
 
 import transformer_jax.data.tokenizer as tokenizer_lib
 from transformer_jax.data import (
-    BOS_ID,
-    EOS_ID,
-    PAD_ID,
-    UNK_ID,
     default_data_config,
     get_source,
     load_or_train_tokenizer,
 )
+from transformer_jax.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

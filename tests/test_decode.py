@@ -9,8 +9,9 @@ import pytest
 
 from transformer_jax import decode
 from transformer_jax import model as model_lib
-from transformer_jax.decode import EOS_ID, NEG_INF
-from transformer_jax.model import PAD_ID, ModelConfig, Transformer
+from transformer_jax.decode import NEG_INF
+from transformer_jax.model import ModelConfig, Transformer
+from transformer_jax.special_ids import EOS_ID, PAD_ID
 
 VOCAB, BATCH, SRC_LEN = 23, 5, 7
 EXTRA = 3  # max_extra_len of every search on the tiny model (one output buffer, fewer compilations)

@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer_jax.special_ids import PAD_ID
+
 Array = jax.Array
 
 
@@ -33,7 +35,7 @@ def causal_mask(length: int) -> Array:
     return (positions[None, :] <= positions[:, None])[None, None]
 
 
-def padding_mask(query_tokens: Array | None, key_tokens: Array, pad_id: int = 0) -> Array:
+def padding_mask(query_tokens: Array | None, key_tokens: Array, pad_id: int = PAD_ID) -> Array:
     """Mask that hides padded keys (and, when ``query_tokens`` is given, padded queries).
 
     Args:

@@ -30,7 +30,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.model import BOS_ID, EOS_ID, PAD_ID, ModelConfig, Transformer, shift_right
+from transformer_jax import paper
+from transformer_jax.model import ModelConfig, Transformer, shift_right
+from transformer_jax.special_ids import BOS_ID, EOS_ID, PAD_ID
 
 Array = jax.Array
 NEG_INF = -1.0e7  # log(0) stand-in: finite, so sums, divisions and comparisons never make NaN
@@ -240,7 +242,7 @@ def _greedy_search(params, inputs, max_extra_len, min_len, *, model_config, max_
 
 
 def greedy_search(params: Any, model_config: ModelConfig, inputs: Array, *, max_len: int | None = None,
-                  max_extra_len: int = 50, min_len: int = 0, use_cache: bool = True,
+                  max_extra_len: int = paper.MAX_EXTRA_LEN, min_len: int = 0, use_cache: bool = True,
                   return_num_steps: bool = False) -> Array | tuple[Array, Array]:
     """Greedy decoding: the most likely next token at every step, until EOS or the length limit.
 
@@ -380,8 +382,9 @@ def _beam_search(params, inputs, alpha, max_extra_len, min_len, *, model_config,
     return state.finished_seqs, state.finished_scores, state.t
 
 
-def beam_search(params: Any, model_config: ModelConfig, inputs: Array, *, beam_size: int = 4,
-                alpha: float = 0.6, max_len: int | None = None, max_extra_len: int = 50, min_len: int = 0,
+def beam_search(params: Any, model_config: ModelConfig, inputs: Array, *, beam_size: int = paper.BEAM_SIZE,
+                alpha: float = paper.LENGTH_PENALTY_ALPHA, max_len: int | None = None,
+                max_extra_len: int = paper.MAX_EXTRA_LEN, min_len: int = 0,
                 use_cache: bool = True, return_all_beams: bool = False,
                 return_num_steps: bool = False) -> tuple[Array, ...]:
     """Beam search with the GNMT length penalty, as in the paper (beam 4, alpha 0.6).

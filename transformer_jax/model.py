@@ -12,8 +12,8 @@ Faithful to the paper by default:
   * post-norm residuals LayerNorm(x + Dropout(Sublayer(x))) (section 3.1, 5.4), pre-norm as an option;
   * attention projections W^Q, W^K, W^V, W^O without biases (equation on page 5); FFN with biases.
 
-Every parameter and activation carries logical axis names (see ``sharding.py``) so that training can
-shard it by rules from the config. Arrays are documented as ``dtype[dims]``.
+Every parameter and activation carries logical axis names (``axes.py``) so that training can shard it
+by rules from the config (``sharding.py``). Arrays are documented as ``dtype[dims]``.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax import attention, blockwise_attention
-from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: F401 (re-exported)
-from transformer_jax.sharding import BATCH, EMBED, HEADS, KV, LENGTH, MLP, VOCAB
+from transformer_jax.axes import BATCH, EMBED, HEADS, KV, LENGTH, MLP, VOCAB
+from transformer_jax.special_ids import BOS_ID
 
 Array = jax.Array
 
@@ -38,11 +38,15 @@ POSITION_ENCODINGS = ("sinusoidal", "learned")
 NORM_STYLES = ("post", "pre")
 ATTENTION_IMPLEMENTATIONS = ("dense", "blockwise")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+MODE_FIELDS = ("deterministic", "decode")  # set by the code that runs the model, never by a config
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Hyperparameters of the Transformer. Frozen and validated when built.
+    """Hyperparameters of the Transformer: the one definition of a model. Frozen and validated when built.
+
+    The defaults are the paper's base model. A run config's ``config.model`` holds exactly the fields of
+    ``settable_defaults()``; the model is built as ``ModelConfig(vocab_size=v, **config.model)``.
 
     Derive modes with ``dataclasses.replace(config, deterministic=True)`` (evaluation) or
     ``decode=True`` (incremental decoding with a key/value cache).
@@ -116,6 +120,16 @@ class ModelConfig:
 
     def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def settable_defaults(cls) -> dict[str, Any]:
+        """The fields a run config sets (``config.model``), with their defaults: the paper's base model.
+
+        ``vocab_size`` comes from the tokenizer and the modes (``deterministic``, ``decode``) are set by
+        the code that runs the model, so neither belongs in a config file.
+        """
+        return {f.name: f.default for f in dataclasses.fields(cls)
+                if f.name not in ("vocab_size", *MODE_FIELDS)}
 
 
 def param_count(config: ModelConfig) -> int:
@@ -488,53 +502,3 @@ def init_params(config: ModelConfig, *, rng: Array, src_len: int = 8, tgt_len: i
     variables = model.init(rng, inputs, targets)
     return nn.meta.unbox(variables["params"])
 
-
-def config_from_hparams(hparams: dict[str, Any], vocab_size: int, **overrides) -> ModelConfig:
-    """A ModelConfig from Table 3 style hyperparameters (see ``paper.BASE``)."""
-    return ModelConfig(
-        vocab_size=vocab_size, d_model=hparams["d_model"], d_ff=hparams["d_ff"],
-        num_heads=hparams["num_heads"], d_k=hparams["d_k"], d_v=hparams["d_v"],
-        num_encoder_layers=hparams["num_layers"], num_decoder_layers=hparams["num_layers"],
-        dropout_rate=hparams["dropout_rate"], position_encoding=hparams["position_encoding"],
-        **overrides)
-
-
-def table3_parameter_table(vocab_size: int) -> str:
-    """Markdown table: the exact parameter count of every Table 3 row beside the paper's x10^6."""
-    from transformer_jax import paper
-
-    lines = [f"Shared vocabulary: {vocab_size} (the paper's EN-DE BPE is 'about 37000').",
-             "| row | changes | params (exact) | x10^6 | paper x10^6 |",
-             "|---|---|---:|---:|---:|"]
-    gaps = []
-    for row in paper.TABLE3:
-        count = param_count(config_from_hparams(row.config(), vocab_size))
-        if row.params_millions is not None:
-            gaps.append((abs(count / 1e6 - row.params_millions), row.name))
-        changes = ", ".join(f"{k}={v}" for k, v in row.changes.items()) or "-"
-        theirs = "-" if row.params_millions is None else str(row.params_millions)
-        lines.append(f"| {row.name} | {changes} | {count:,} | {count / 1e6:.1f} | {theirs} |")
-    lines.append(
-        "\nThe paper rounds to millions and does not give its exact vocabulary. Its d_model=512 rows "
-        "imply ~41k shared tokens (65M - 44.1M of layers = 20.9M = 512 x 40.8k) while its big row "
-        "implies ~36k (213M - 176.3M = 36.7M = 1024 x 35.9k), so no single vocabulary matches every "
-        "row. Largest gap here: "
-        f"{max(gaps)[0]:.1f}M ({max(gaps)[1]}). Learned positions (E) add two max_len x d_model "
-        "tables; attention projections have no biases, as in the paper's equations.")
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(description="Parameter counts of the paper's configurations.")
-    parser.add_argument("--params", action="store_true", help="print the Table 3 parameter table")
-    parser.add_argument("--vocab_size", type=int, default=37_000, help="shared vocabulary size")
-    args = parser.parse_args(argv)
-    if not args.params:
-        parser.error("nothing to do: pass --params")
-    print(table3_parameter_table(args.vocab_size))
-
-
-if __name__ == "__main__":
-    main()

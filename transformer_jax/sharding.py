@@ -1,9 +1,9 @@
-"""Device mesh, logical axis names and the rules that map one to the other.
+"""Device mesh, and the rules that map the model's logical axis names onto it.
 
-Parameters and activations are annotated with the logical names below; the mapping from names to mesh
-axes lives in the config (``config.sharding.logical_axis_rules``), never in the model. The same code
-runs on one CPU (a 1x1 mesh, where every constraint is free), on one host with several devices and on
-many hosts (after ``jax.distributed.initialize()``).
+Parameters and activations are annotated with the model's logical names (``axes.py``); the mapping from
+names to mesh axes lives in the config (``config.sharding.logical_axis_rules``), never in the model.
+The same code runs on one CPU (a 1x1 mesh, where every constraint is free), on one host with several
+devices and on many hosts (after ``jax.distributed.initialize()``).
 """
 
 import math
@@ -14,13 +14,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-BATCH = "batch"  # examples in a batch
-LENGTH = "length"  # sequence positions
-EMBED = "embed"  # d_model
-HEADS = "heads"  # h, the attention heads
-KV = "kv"  # d_k or d_v, the per-head size
-MLP = "mlp"  # d_ff, the feed-forward hidden size
-VOCAB = "vocab"  # the shared vocabulary
+from transformer_jax import axes
 
 MESH_AXES = ("data", "model")
 
@@ -57,7 +51,7 @@ def make_mesh(mesh_shape, devices=None) -> Mesh:
 
 def rules_from_config(rules) -> tuple[tuple[str, str | None], ...]:
     """Validates logical axis rules taken from a config: pairs (logical name, mesh axis or None)."""
-    known = {BATCH, LENGTH, EMBED, HEADS, KV, MLP, VOCAB}
+    known = set(axes.ALL)
     out = []
     for rule in rules:
         if len(rule) != 2:

@@ -29,20 +29,9 @@ from transformer_jax.data.synthetic import (
     copy_baseline,
     lexicon_baseline,
 )
-from transformer_jax.data.tokenizer import (
-    BOS_ID,
-    EOS_ID,
-    PAD_ID,
-    UNK_ID,
-    Tokenizer,
-    load_or_train_tokenizer,
-)
+from transformer_jax.data.tokenizer import Tokenizer, load_or_train_tokenizer
 
 __all__ = [
-    "BOS_ID",
-    "EOS_ID",
-    "PAD_ID",
-    "UNK_ID",
     "EvalBatch",
     "Source",
     "SyntheticSource",

@@ -4,11 +4,8 @@ The paper uses a shared source-target byte-pair encoding of about 37k tokens (WM
 We train one SentencePiece model on the TRAIN split's source and target sentences and cache it
 as `{workdir}/tokenizer/spm.model`, so resuming and evaluation reuse the exact same vocabulary.
 
-Fixed ids (the model, the loss and decoding rely on them):
-    PAD_ID = 0   padding; loss weight 0
-    EOS_ID = 1   appended to every source and target sequence
-    UNK_ID = 2
-    BOS_ID = 3   the decoder's start token (the model shifts targets right with it)
+The special ids are fixed (``transformer_jax/special_ids.py``): the model, the loss and decoding rely
+on them, and a model file with other ids is refused.
 
 Text is normalised by our sources (whitespace only) before it reaches SentencePiece, and the
 SentencePiece normaliser is 'identity', so `decode(encode(s)) == s` for any normalised `s` whose
@@ -29,11 +26,7 @@ import numpy as np
 import sentencepiece as spm
 
 from transformer_jax.data.config import validate_data_config
-
-PAD_ID = 0
-EOS_ID = 1
-UNK_ID = 2
-BOS_ID = 3
+from transformer_jax.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 # Share of character occurrences the vocabulary must cover; rarer characters map to UNK.
 # SentencePiece's default 0.9995 would make digits and German quotes UNK on Multi30k, so we keep
