@@ -135,12 +135,22 @@ def test_all_masked_row_gives_zeros_and_zero_gradients_without_nan():
     assert attention.attention_witness(weights, mask).ok
 
 
-def test_dropout_needs_rng_and_keeps_expectation_shape():
-    q, k, v = _qkv(7)
+def test_dropout_needs_rng_and_is_inverted_dropout_on_the_weights():
+    q, k, _ = _qkv(7)
     with pytest.raises(ValueError, match="rng"):
-        attention.dot_product_attention(q, k, v, dropout_rate=0.5)
-    out = attention.dot_product_attention(q, k, v, dropout_rate=0.5, rng=jax.random.key(0))
-    assert out.shape == (BATCH, Q_LEN, HEADS, D_V)
+        attention.dot_product_attention(q, k, k, dropout_rate=0.5)
+    # One-hot values make the output the (dropped) weight matrix itself: [B, K, H, K] -> out [B, Q, H, K].
+    eye = np.broadcast_to(np.eye(KV_LEN, dtype=np.float32)[None, :, None, :], (BATCH, KV_LEN, HEADS, KV_LEN))
+    rate = 0.25
+    weights = np.asarray(attention.dot_product_attention(q, k, eye))  # [B, Q, H, K]
+    dropped = np.asarray(attention.dot_product_attention(q, k, eye, dropout_rate=rate, rng=jax.random.key(0)))
+    kept = dropped != 0.0
+    # Every weight is either dropped (0) or kept and scaled by 1 / (1 - rate), so expectations are unchanged.
+    np.testing.assert_allclose(dropped[kept], weights[kept] / (1.0 - rate), rtol=1e-6)
+    assert 0.6 < kept.mean() < 0.9  # about 1 - rate of the weights survive
+    mean = np.mean([np.asarray(attention.dot_product_attention(
+        q, k, eye, dropout_rate=rate, rng=jax.random.key(seed))) for seed in range(400)], axis=0)
+    np.testing.assert_allclose(mean, weights, atol=0.05)
 
 
 def test_split_and_merge_heads_round_trip():
