@@ -6,8 +6,10 @@ up front, so a typo or a bad value fails before any data is read.
 
 Fields (all read by attribute access):
 
-    source                  'synthetic' | 'text' | 'tfds'
-    dir                     text: folder holding {prefix}.{lang} files
+    source                  'synthetic' | 'text' | 'tfds' (translation) or
+                            'ptb' | 'synthetic_trees' (parsing, see data/treebank.py)
+    dir                     text: folder holding {prefix}.{lang} files;
+                            ptb: folder holding .mrg files (LDC's wsj/ folder, or a flat folder)
     train_prefix, dev_prefix, test_prefix
                             text: file prefixes, e.g. 'train', 'val', 'test' (Multi30k)
     src_lang, tgt_lang      language suffixes / TFDS feature keys, e.g. 'en', 'de'
@@ -22,7 +24,12 @@ Fields (all read by attribute access):
     tokens_per_batch        token budget per side per global batch (padded positions count)
     length_buckets          increasing padded lengths; the largest must be >= max_len
     synthetic_train_size, synthetic_dev_size, synthetic_test_size, synthetic_seed
-                            synthetic: split sizes and generator seed
+                            synthetic, synthetic_trees: split sizes and generator seed
+    ptb_train_files, ptb_dev_files, ptb_test_files
+                            ptb: file-number ranges, WSJ sections ('02-21', '22', '23') or
+                            4-digit file numbers ('0001-0159'); comma-separated parts combine
+    keep_pos_tags           ptb, synthetic_trees: part-of-speech tags in the target (True) or
+                            the placeholder XX (False, as Vinyals et al. and the paper)
 
 Optional (defaults apply when absent):
 
@@ -36,7 +43,9 @@ from typing import Any
 
 import ml_collections
 
-SOURCES = ("synthetic", "text", "tfds")
+from transformer_jax.data.trees import parse_file_ranges
+
+SOURCES = ("synthetic", "text", "tfds", "ptb", "synthetic_trees")
 VOCAB_TYPES = ("bpe", "unigram")
 
 # Fields every source needs, and the extra fields each source needs.
@@ -64,6 +73,14 @@ _SOURCE_FIELDS = {
         "tfds_test_split",
         "src_lang",
         "tgt_lang",
+    ),
+    "ptb": ("dir", "ptb_train_files", "ptb_dev_files", "ptb_test_files", "keep_pos_tags"),
+    "synthetic_trees": (
+        "synthetic_train_size",
+        "synthetic_dev_size",
+        "synthetic_test_size",
+        "synthetic_seed",
+        "keep_pos_tags",
     ),
 }
 
@@ -93,6 +110,10 @@ def default_data_config(**overrides: Any) -> ml_collections.ConfigDict:
             synthetic_dev_size=500,
             synthetic_test_size=500,
             synthetic_seed=0,
+            ptb_train_files="02-21",  # the standard WSJ split (section numbers)
+            ptb_dev_files="22",
+            ptb_test_files="23",
+            keep_pos_tags=False,
             character_coverage=1.0,
         )
     )
@@ -152,7 +173,11 @@ def validate_data_config(cfg: Any) -> None:
     coverage = getattr(cfg, "character_coverage", 1.0)
     if not isinstance(coverage, int | float) or not 0.9 <= coverage <= 1.0:
         raise ValueError(f"data_config.character_coverage must be in [0.9, 1], got {coverage!r}")
-    if source == "synthetic":
+    if source in ("ptb", "synthetic_trees") and not isinstance(cfg.keep_pos_tags, bool):
+        raise ValueError(f"data_config.keep_pos_tags must be a bool, got {cfg.keep_pos_tags!r}")
+    if source == "ptb":
+        _validate_ptb(cfg)
+    elif source in ("synthetic", "synthetic_trees"):
         for name in ("synthetic_train_size", "synthetic_dev_size", "synthetic_test_size"):
             _positive_int(cfg, name)
         if not isinstance(cfg.synthetic_seed, int):
@@ -166,3 +191,31 @@ def validate_data_config(cfg: Any) -> None:
             raise ValueError(
                 f"data_config.src_lang and tgt_lang must differ, both are {cfg.src_lang!r}"
             )
+
+
+def _validate_ptb(cfg: Any) -> None:
+    """The folder is named and the three file ranges parse and do not overlap."""
+    if not isinstance(cfg.dir, str) or not cfg.dir:
+        raise ValueError(
+            f"data_config.dir must name the folder of .mrg files (LDC's treebank_3/parsed/mrg/wsj"
+            f" or a flat folder of wsj_NNNN.mrg), got {cfg.dir!r}"
+        )
+    ranges = {}
+    for split in ("train", "dev", "test"):
+        name = f"ptb_{split}_files"
+        try:
+            ranges[split] = parse_file_ranges(getattr(cfg, name))
+        except ValueError as e:
+            raise ValueError(f"data_config.{name}: {e}") from None
+    splits = list(ranges)
+    for i, a in enumerate(splits):
+        for b in splits[i + 1 :]:
+            for lo_a, hi_a in ranges[a]:
+                for lo_b, hi_b in ranges[b]:
+                    if max(lo_a, lo_b) <= min(hi_a, hi_b):
+                        raise ValueError(
+                            f"data_config.ptb_{a}_files={getattr(cfg, f'ptb_{a}_files')!r} and"
+                            f" ptb_{b}_files={getattr(cfg, f'ptb_{b}_files')!r} share files"
+                            f" {max(lo_a, lo_b):04d}-{min(hi_a, hi_b):04d}; the splits must be"
+                            " disjoint"
+                        )

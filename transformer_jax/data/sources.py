@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol, overload
 
 from transformer_jax.data.config import validate_data_config
+from transformer_jax.data.treebank import PARSING_SOURCES, TreebankSource
 
 SPLITS = ("train", "dev", "test")
 
@@ -282,8 +283,13 @@ class TfdsSource:
 
 
 def get_source(data_config: Any) -> Source:
-    """The source named by `data_config.source` (validated first)."""
+    """The source named by `data_config.source` (validated first).
+
+    Parsing sources ('ptb', 'synthetic_trees') are `TreebankSource`s: they also have `trees(split)`.
+    """
     validate_data_config(data_config)
+    if data_config.source in PARSING_SOURCES:
+        return TreebankSource.from_config(data_config)
     if data_config.source == "synthetic":
         from transformer_jax.data.synthetic import SyntheticSource
 
