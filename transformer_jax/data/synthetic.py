@@ -20,6 +20,9 @@ not change with the train size.
 
 Baselines (`baseline_bleus`): copying the source, and word-by-word lexicon substitution
 (each word's base translation, no reordering, no agreement). Both score below 40 BLEU.
+
+Word alignment (`word_alignment`): which target word inflects which source word's lemma, for
+analysing what attention learned (transformer_jax.inspect).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import random
+import re
 from collections.abc import Sequence
 
 # ----------------------------------------------------------------------------- source lexicon
@@ -374,6 +378,65 @@ class SyntheticSource:
         stream = _stream(self.seed)
         stream.extend_to(start + self.sizes[split])
         return stream.pairs[start : start + self.sizes[split]]
+
+
+# ----------------------------------------------------------------------------- word alignment
+
+
+def word_alignment(source: str, target: str, seed: int) -> list[tuple[int, int]]:
+    """(target word index, source word index) pairs that the grammar of `seed` makes unambiguous.
+
+    Words are `text.split()`, ignoring case and attached punctuation. A target word aligns with a
+    source word when it inflects that word's lemma and no other source word has that lemma (in
+    'The dog saw the cat.' both 'the' stay unaligned). Pairs are in target order; a pair whose
+    source index is below an earlier pair's is a reordered word (adjective after its noun, verb
+    at the end of a subordinate clause): 'The big dog sleeps.' -> [(0, 0), (1, 2), (2, 1), (3, 3)].
+    """
+    lemma_of_target, lemma_of_source = _lemma_tables(seed)
+    src_lemmas = [lemma_of_source.get(w) for w in _plain_words(source)]
+    pairs = []
+    for t, word in enumerate(_plain_words(target)):
+        lemma = lemma_of_target.get(word)
+        matches = [s for s, lem in enumerate(src_lemmas) if lemma is not None and lem == lemma]
+        if len(matches) == 1:
+            pairs.append((t, matches[0]))
+    return pairs
+
+
+def _plain_words(text: str) -> list[str]:
+    return [re.sub(r"[^\w]", "", w).lower() for w in text.split()]
+
+
+@functools.lru_cache(maxsize=8)
+def _lemma_tables(seed: int) -> tuple[dict[str, str], dict[str, str]]:
+    """({target form: lemma}, {source form: lemma}); closed-class lemmas are prefixed ('det:the')."""
+    lex = build_lexicon(seed)
+    tgt: dict[str, str] = {}
+    src: dict[str, str] = {}
+
+    def add(lemma: str, source_forms, target_forms) -> None:
+        src.update(dict.fromkeys(source_forms, lemma))
+        tgt.update(dict.fromkeys(target_forms, lemma))
+
+    for sg, pl in _NOUNS:
+        add(sg, (sg, pl), (lex.noun_stem[sg], lex.noun_stem[sg] + NOUN_PLURAL[lex.noun_gender[sg]]))
+    for adj in _ADJECTIVES:
+        add(adj, (adj,), (lex.stem[adj] + s for s in _AGREEMENT_SUFFIXES))
+    for forms in _TRANSITIVE + _INTRANSITIVE + _SAYING:
+        add(forms[0], forms, (lex.stem[forms[0]] + s for s in _VERB_SUFFIXES))
+    add("be", ("am", "is", "are", "was", "were"), (lex.stem["be"] + s for s in _VERB_SUFFIXES))
+    for det, (lemma, _) in _DETERMINERS.items():
+        add("det:" + lemma, (det,), (lex.stem[lemma] + s for s in _AGREEMENT_SUFFIXES))
+    for word, translation in lex.word.items():
+        add(word, (word,), (translation,))
+    for subj, obj, person, gender in _PRONOUNS:
+        key = person + gender
+        tgt[lex.subj[key]], tgt[lex.obj[key]] = "subj:" + key, "obj:" + key
+        src.setdefault(subj.lower(), "subj:" + key)
+        src.setdefault(obj, "obj:" + key)  # 'you' is both; its subject reading wins, as in base_translations
+    for name in _NAMES:
+        add("name:" + name, (name.lower(),), (name.lower(),))
+    return tgt, src
 
 
 # ----------------------------------------------------------------------------- baselines
