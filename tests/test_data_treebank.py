@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from transformer_jax.data import default_data_config, get_source
+from transformer_jax.data import default_data_config, get_source, load_or_train_tokenizer, make_train_iterator
 from transformer_jax.data.treebank import TreebankSource, is_parsing
 from transformer_jax.data.trees import delinearize, parse_trees
 
@@ -79,3 +79,16 @@ def test_ptb_sample_splits():
     words, target = source.pairs("train")[0]
     assert words.startswith("Pierre Vinken , 61 years old ,")
     assert target.startswith("(S (NP (NP XX XX )NP XX (ADJP (NP XX XX )NP XX )ADJP XX )NP (VP XX")
+
+
+def test_synthetic_trees_go_through_the_tokenizer_and_batches(tmp_path):
+    cfg = default_data_config(
+        source="synthetic_trees", synthetic_train_size=301, synthetic_dev_size=7, synthetic_test_size=11,
+        vocab_size=97, max_len=96, tokens_per_batch=960, length_buckets=(32, 64, 96),
+    )  # fmt: skip
+    tokenizer = load_or_train_tokenizer(cfg, str(tmp_path))
+    # A decoded target splits back into the bracket tokens: outputs can be repaired and scored.
+    for _, target in get_source(cfg).pairs("test"):
+        assert tokenizer.decode(tokenizer.encode(target)).split() == target.split()
+    batch = next(make_train_iterator(cfg, tokenizer, seed=0))
+    assert batch["inputs"].shape[1] in (32, 64, 96)
