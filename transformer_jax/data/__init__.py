@@ -1,9 +1,12 @@
-"""The data pipeline: sources (synthetic, text, tfds) -> SentencePiece -> token-budget batches.
+"""The data pipeline: sources (synthetic, text, tfds; ptb, synthetic_trees) -> SentencePiece -> batches.
 
     source = get_source(data_config)                  # .pairs('train' | 'dev' | 'test')
     tokenizer = load_or_train_tokenizer(data_config, workdir)
     train_iter = make_train_iterator(data_config, tokenizer, seed=0)   # next(train_iter)
     eval_batches = make_eval_batches(data_config, tokenizer, 'dev')
+
+Parsing sources (`is_parsing(data_config)`) are `TreebankSource`s: `source.trees(split)` gives the
+gold trees aligned with `pairs(split)`, for `transformer_jax.parseval`.
 """
 
 from transformer_jax.data.batching import (
@@ -30,6 +33,7 @@ from transformer_jax.data.synthetic import (
     lexicon_baseline,
 )
 from transformer_jax.data.tokenizer import Tokenizer, load_or_train_tokenizer
+from transformer_jax.data.treebank import TreebankSource, is_parsing
 
 __all__ = [
     "EvalBatch",
@@ -40,10 +44,12 @@ __all__ = [
     "TokenizedSplit",
     "Tokenizer",
     "TrainIterator",
+    "TreebankSource",
     "baseline_bleus",
     "copy_baseline",
     "default_data_config",
     "get_source",
+    "is_parsing",
     "lexicon_baseline",
     "load_or_train_tokenizer",
     "make_eval_batches",
