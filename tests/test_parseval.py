@@ -9,6 +9,7 @@ import pytest
 from transformer_jax.data.trees import Tree, linearize, parse_trees
 from transformer_jax.parseval import (
     brackets,
+    parsing_report,
     right_branching_baseline,
     right_branching_tree,
     score_corpus,
@@ -163,3 +164,10 @@ def test_right_branching():
     assert (s["precision"], s["recall"], s["f1"]) == pytest.approx(
         (60.0, 75.0, f1(60.0, 75.0)), abs=TOL
     )
+
+
+def test_parsing_report_puts_the_baseline_beside_the_model():
+    good = " ".join(linearize(GOLD)[1])
+    report = parsing_report([good], [GOLD])
+    assert (report["f1"], report["repaired"], report["scored"]) == (100, 0, 1)
+    assert report["right_branching_f1"] == pytest.approx(f1(20.0, 25.0), abs=TOL)

@@ -192,3 +192,10 @@ def right_branching_baseline(
     """`score_corpus` of `right_branching_tree` (gold words and tags) against `gold_trees`."""
     predicted = [right_branching_tree(g.words(), g.tags(), label=label) for g in gold_trees]
     return score_corpus(gold_trees, predicted, labeled=labeled)
+
+
+def parsing_report(outputs: Sequence[str], gold_trees: Sequence[Tree]) -> dict:
+    """What evaluate.py reports for a parsing run: `score_outputs` plus `right_branching_f1`, the
+    labeled F1 of the right-branching baseline on the same sentences, scored the same way."""
+    baseline = right_branching_baseline(gold_trees)
+    return {**score_outputs(outputs, gold_trees), "right_branching_f1": baseline["f1"]}
