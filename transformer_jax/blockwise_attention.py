@@ -11,7 +11,7 @@ gradients), without ever materialising the [q_len, kv_len] logits:
 * Backward (FlashAttention-2, Dao 2023): a ``jax.custom_vjp`` whose forward saves only q, k, v, the output
   and the per-row logsumexp; the backward recomputes each [block, block] tile of probabilities from them.
   Memory is O(length) for the forward *and* the backward (checked by ``tests/test_blockwise_attention.py``
-  with XLA's compiled memory analysis, and by ``python -m transformer_jax.attention_benchmark``).
+  with XLA's compiled memory analysis, and by ``python -m transformer_jax.benchmarks.attention``).
 
 Masks:
 

@@ -1,6 +1,6 @@
 """Dense vs blockwise attention: forward+backward time and compiled peak memory per sequence length.
 
-    python -m transformer_jax.attention_benchmark [--lengths 256,1024] [--skip_timing] [--block_size 512]
+    python -m transformer_jax.benchmarks.attention [--lengths=256,1024] [--skip_timing] [--block_size=512]
 
 Causal self-attention, batch 1, 8 heads, d_k = d_v = 64, float32. Prints one JSON line per
 (implementation, length), then one line with the blockwise / dense memory ratio at the longest length.
@@ -14,7 +14,6 @@ a dense run whose time, extrapolated quadratically from the previous length, wou
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import statistics
@@ -22,8 +21,10 @@ import time
 
 import jax
 import jax.numpy as jnp
+from absl import app, flags
 
 from transformer_jax import attention
+from transformer_jax.benchmarks import timing
 from transformer_jax.blockwise_attention import blockwise_attention
 
 BATCH, NUM_HEADS, D_K = 1, 8, 64
@@ -71,11 +72,7 @@ def measure(impl: str, length: int, *, block_size: int, time_it: bool, max_secon
     if warmup_s > max_seconds:
         result["timing"] = f"warm-up took {warmup_s:.1f} s > {max_seconds} s; not repeated"
     else:
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            jax.block_until_ready(compiled(*inputs))
-            times.append(time.perf_counter() - start)
+        times = timing.time_calls(lambda: compiled(*inputs), repeats)
         result["median_s"] = round(statistics.median(times), 4)
         result["timing"] = f"median of {repeats}"
     return result
@@ -113,21 +110,39 @@ def run(lengths, *, block_size: int, skip_timing: bool, max_dense_seconds: float
     return records
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)),
-                        help="comma-separated sequence lengths")
-    parser.add_argument("--skip_timing", action="store_true", help="only compile and analyse memory")
-    parser.add_argument("--block_size", type=int, default=512, help="blockwise tile size")
-    parser.add_argument("--max_dense_seconds", type=float, default=30.0,
-                        help="do not run dense when its extrapolated time exceeds this")
-    args = parser.parse_args(argv)
-    lengths = [int(n) for n in args.lengths.split(",") if n]
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """The flags of ``python -m transformer_jax.benchmarks.attention``."""
+    flags.DEFINE_list("lengths", [str(n) for n in DEFAULT_LENGTHS],
+                      "Comma-separated sequence lengths to measure, e.g. 256,1024.", flag_values=flag_values)
+    flags.DEFINE_bool("skip_timing", False, "Only compile and analyse memory; time nothing.",
+                      flag_values=flag_values)
+    flags.DEFINE_integer("block_size", 512, "Query/key tile size of the blockwise implementation.",
+                         flag_values=flag_values)
+    flags.DEFINE_float("max_dense_seconds", 30.0,
+                       "Do not time dense attention at a length where its time, extrapolated "
+                       "quadratically from the previous length, would exceed this many seconds.",
+                       flag_values=flag_values)
+
+
+def parse_lengths(values: list[str]) -> list[int]:
+    """The ``--lengths`` values as positive ints, else a ValueError that says what was expected."""
+    try:
+        lengths = [int(n) for n in values if n]
+    except ValueError:
+        lengths = []
     if not lengths or min(lengths) < 1:
-        raise ValueError(f"--lengths needs positive integers, got {args.lengths!r}")
-    run(lengths, block_size=args.block_size, skip_timing=args.skip_timing,
-        max_dense_seconds=args.max_dense_seconds)
+        raise ValueError(f"--lengths takes comma-separated positive integers, e.g. 256,1024; got {values!r}")
+    return lengths
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    values = flags.FLAGS
+    run(parse_lengths(values.lengths), block_size=values.block_size, skip_timing=values.skip_timing,
+        max_dense_seconds=values.max_dense_seconds)
 
 
 if __name__ == "__main__":
-    main()
+    define_flags()
+    app.run(main)

@@ -1,7 +1,7 @@
 """Throughput of tokenize + batch on Multi30k train, on one core.
 
-    python -m transformer_jax.data.benchmark [--data_dir /work/shared/data/multi30k]
-        [--vocab_size 8000] [--workdir DIR] [--repeats 3]
+    python -m transformer_jax.benchmarks.data [--data_dir=/work/shared/data/multi30k]
+        [--vocab_size=8000] [--workdir=DIR] [--repeats=3]
 
 Trains (or loads from --workdir) the tokenizer first, untimed; then times, with SentencePiece on
 one thread and the process pinned to one CPU, (1) encoding every train pair and (2) assembling
@@ -10,11 +10,12 @@ one full epoch of token-budget batches. Prints one JSON line per stage (best of 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
 from pathlib import Path
+
+from absl import app, flags
 
 from transformer_jax.data.batching import TrainIterator, tokenize_pairs
 from transformer_jax.data.config import default_data_config
@@ -24,14 +25,29 @@ from transformer_jax.data.tokenizer import load_or_train_tokenizer
 _DEFAULT_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "multi30k"
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data_dir", default=str(_DEFAULT_DIR))
-    parser.add_argument("--vocab_size", type=int, default=8000)
-    parser.add_argument("--workdir", default=None, help="tokenizer cache; default a temp dir")
-    parser.add_argument("--tokens_per_batch", type=int, default=4096)
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args(argv)
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """The flags of ``python -m transformer_jax.benchmarks.data``."""
+    flags.DEFINE_string("data_dir", str(_DEFAULT_DIR),
+                        "Directory of the Multi30k text files (train.en, train.de, val.*, test.*).",
+                        flag_values=flag_values)
+    flags.DEFINE_integer("vocab_size", 8000, "Size of the shared SentencePiece vocabulary to train.",
+                         flag_values=flag_values)
+    flags.DEFINE_string("workdir", None, "Where the tokenizer is cached (trained there if absent); "
+                        "default: a temporary directory, so it is trained every run.",
+                        flag_values=flag_values)
+    flags.DEFINE_integer("tokens_per_batch", 4096, "Token budget of one batch (source and target tokens).",
+                         flag_values=flag_values)
+    flags.DEFINE_integer("repeats", 3, "Timed passes over the data; the best is reported.",
+                         flag_values=flag_values)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    args = flags.FLAGS
+    if not Path(args.data_dir).is_dir():
+        raise FileNotFoundError(f"--data_dir={args.data_dir} is not a directory; pass the Multi30k text "
+                                "directory (see /work/shared/data/SOURCES.md)")
 
     cfg = default_data_config(
         source="text",
@@ -88,4 +104,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    define_flags()
+    app.run(main)

@@ -1,0 +1,93 @@
+"""transformer_jax.benchmarks: presets as ModelConfig overrides, the peak's best run, CLI flags, smoke runs.
+
+Nothing here times anything for its own sake: speed lives in the benchmark, not in tests.
+"""
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from absl import flags
+
+from transformer_jax.benchmarks import attention, data, decoding, presets, timing, train_step
+from transformer_jax.model import ModelConfig
+
+REPO = Path(__file__).resolve().parents[1]
+MICRO = dict(vocab_size=37, d_model=12, d_ff=20, num_heads=3, num_encoder_layers=1, num_decoder_layers=1)
+
+
+@pytest.mark.parametrize("name", list(presets.MODELS))
+def test_presets_override_model_config_without_repeating_its_defaults(name):
+    fields = {f.name: f for f in dataclasses.fields(ModelConfig)}
+    for key, value in presets.MODELS[name].items():
+        assert key in fields, f"{name}: {key!r} is not a ModelConfig field"
+        assert key not in ("deterministic", "decode", "dtype"), f"{name}: {key!r} is a mode, set by the run"
+        default = fields[key].default
+        assert value != default, f"{name}: {key}={value!r} repeats ModelConfig's default"
+    presets.model_config(presets.MODELS[name])  # valid
+
+
+def test_base_and_big_presets_are_the_papers_models():
+    # Section 3 and Table 3 of the paper, typed here independently of ModelConfig's defaults.
+    base = presets.model_config(presets.MODELS["base"])
+    assert (base.d_model, base.d_ff, base.num_heads, base.d_k, base.d_v, base.num_encoder_layers,
+            base.num_decoder_layers, base.dropout_rate) == (512, 2048, 8, 64, 64, 6, 6, 0.1)
+    big = presets.model_config(presets.MODELS["big"])
+    assert (big.d_model, big.d_ff, big.num_heads, big.d_k, big.num_encoder_layers,
+            big.dropout_rate) == (1024, 4096, 16, 64, 6, 0.3)
+    assert set(presets.DECODE_PRESETS) >= {"tiny", "base"}
+
+
+def test_unknown_preset_names_fail_with_the_choices():
+    with pytest.raises(ValueError, match="tiny"):
+        presets.check_names(["tiny", "huge"], presets.TRAIN_PRESETS, "--presets")
+
+
+def test_peak_is_the_best_run_and_reports_the_median_too():
+    peak = timing.Peak.from_times(6e9, [3.0, 1.0, 2.0, 4.0, 5.0], dtype="float32", size=1)
+    assert peak.best_flops == 6e9  # 6 GFLOP in the fastest run, 1 s
+    assert peak.median_flops == 2e9  # the median run, 3 s
+    fields = timing.mfu_fields(1.5e9, 1.0, peak)
+    assert fields["mfu"] == 0.25 and fields["peak_best_gflops"] == 6.0 and fields["peak_median_gflops"] == 2.0
+
+
+@pytest.mark.parametrize("module", [train_step, decoding, attention, data])
+def test_every_flag_has_a_helpful_description(module):
+    values = flags.FlagValues()
+    module.define_flags(values)
+    assert len(values) >= 4
+    for name in values:
+        assert len(values[name].help) >= 25, f"{module.__name__} --{name}: {values[name].help!r}"
+
+
+def test_suite_help_lists_its_flags():
+    result = subprocess.run([sys.executable, "-m", "transformer_jax.benchmarks", "--help"], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)  # absl's --help exits 1
+    assert "Traceback" not in result.stderr, result.stderr
+    for flag in ("--train_presets", "--decode_presets", "--peak_repeats", "--skip_attention"):
+        assert flag in result.stdout
+
+
+def test_train_step_and_decoding_smoke(capsys):
+    peak = timing.matmul_peak(2, size=64)
+    record = train_step.bench_train_step("micro", presets.TrainPreset(MICRO, batch=3, length=5), peak,
+                                         dtype="float32", repeats=1)
+    assert record["measured"] == "train_step_float32" and record["peak_best_gflops"] > 0
+    # median_s is rounded to 10 us in the record, hence the loose tolerance on tokens = rate * time.
+    assert record["target_tokens_per_s"] * record["median_s"] == pytest.approx(3 * 5, rel=0.02)
+    assert record["params"] > 0 and record["mfu"] > 0
+    preset = presets.DecodePreset(MICRO, batch=3, src_len=5, new_tokens=4)
+    (greedy,) = decoding.bench_decode("micro", preset, peak, kind="greedy", new_tokens=[4], repeats=1)
+    assert greedy["measured"] == "decode_greedy_cached" and greedy["mfu"] > 0
+    assert greedy["generated_tokens_per_s"] * greedy["median_s"] == pytest.approx(3 * 4, rel=0.02)
+
+
+def test_attention_memory_run(capsys):
+    records = attention.run([16, 32], block_size=16, skip_timing=True, max_dense_seconds=1.0)
+    assert [(r["impl"], r["length"]) for r in records] == [
+        ("dense", 16), ("blockwise", 16), ("dense", 32), ("blockwise", 32)]
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert lines[-1]["summary"] == "peak_memory_ratio" and lines[-1]["length"] == 32
