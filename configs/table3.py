@@ -11,14 +11,10 @@ The config argument is ``<row>[,<scale>]``: ``row`` is a name of ``paper.TABLE3`
 ``paper`` (default) or ``cpu``. ``config.name`` is ``table3/<row>``, which the evaluation report matches
 to the paper's Table 3 row (newstest2013: PPL, BLEU).
 
-The row's hyperparameters are ``paper.TABLE3[row].config()`` (the base recipe plus the row's changes;
-the numbers live only in ``transformer_jax/paper.py``). Each one sets real config fields (the config is
-locked, so a misspelt field fails):
-
-    num_layers        -> model.num_encoder_layers and model.num_decoder_layers (N)
-    d_model, d_ff, num_heads, d_k, d_v, dropout_rate, position_encoding -> model.<same name>
-    label_smoothing   -> train.label_smoothing (eps_ls)
-    train_steps       -> train.num_steps
+A row is a set of overrides (``paper.TABLE3``; the numbers live only in ``transformer_jax/paper.py``):
+``row.model`` holds ``ModelConfig`` fields and ``row.train`` ``config.train`` fields, applied with
+``config.model.update(...)`` / ``config.train.update(...)`` to a locked config, so a misspelt field fails.
+The base row's model is ``ModelConfig``'s defaults and its training values ``paper.BASE_TRAIN``.
 
 Scale ``paper``: ``configs/wmt14_en_de_base.py`` (section 5: WMT14 EN-DE, 37k shared BPE, 25k tokens
 per batch, warmup 4000) with the row applied; for the base row that changes nothing.
@@ -27,14 +23,15 @@ Scale ``cpu``: the same relative change on a base small enough for a 2-core CPU 
 one row in about 2.5 minutes on the embedded synthetic task (``configs/default.py`` data; measured on a
 shared, busy machine: rows base, A, D and E took 27 minutes). Mapping, paper -> cpu:
 
-    d_model, d_ff, d_k, d_v   x 1/8    base 512/2048/64/64 -> 64/256/8/8; C-dmodel256 -> 32 (d_k 4),
+    d_model, d_ff, d_k, d_v   x 1/8    base 512/2048 -> 64/256 (d_k = d_v = 8); C-dmodel256 -> 32 (d_k 4),
                                        C-dmodel1024 and big -> 128, C-dff1024 -> 128, C-dff4096 -> 512,
                                        B-dk16 -> d_k 2, A-heads1 -> d_k 64 ... A-heads32 -> d_k 2
-    num_layers (N)            x 1/2    base 6 -> 3; C-layers2/4/8 -> 1/2/4 (distinct and in order, which
+    num_encoder_layers and
+    num_decoder_layers (N)    x 1/2    base 6 -> 3; C-layers2/4/8 -> 1/2/4 (distinct and in order, which
                                        N=2 at the base could not give: 2/6 and 4/6 of 2 both round to 1)
     num_heads (h)             kept     so h * d_k = d_model holds wherever it holds in the paper
     dropout_rate, label_smoothing, position_encoding   kept
-    train_steps               x 3/1000 base 100k -> 300 steps, big 300k -> 900
+    num_steps                 x 3/1000 base 100k -> 300 steps, big 300k -> 900
     vocabulary                         1000 shared BPE (synthetic task) instead of 37k
     batch                              2048 tokens per side instead of 25k, padded to 32 or 64; warmup 100
                                        instead of 4000; learning_rate_scale 0.5 (peak 0.0063 at d_model 64)
@@ -43,78 +40,45 @@ shared, busy machine: rows base, A, D and E took 27 minutes). Mapping, paper -> 
 
 Absolute numbers at cpu scale are not comparable with the paper's; the direction of each change against
 the base row is (see ``python -m transformer_jax.sweep report``).
+
+A scale is one entry of ``SCALES``: its base config and, per field, how a paper value maps onto it.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import ml_collections
 
 from configs import default as default_lib
 from configs import wmt14_en_de_base as paper_base_lib
 from transformer_jax import paper
-
-SCALES = ("paper", "cpu")
-
-# Table 3 hyperparameter (paper.BASE names) -> the config fields it sets.
-FIELDS = {
-    "num_layers": ("model.num_encoder_layers", "model.num_decoder_layers"),
-    "d_model": ("model.d_model",),
-    "d_ff": ("model.d_ff",),
-    "num_heads": ("model.num_heads",),
-    "d_k": ("model.d_k",),
-    "d_v": ("model.d_v",),
-    "dropout_rate": ("model.dropout_rate",),
-    "position_encoding": ("model.position_encoding",),
-    "label_smoothing": ("train.label_smoothing",),
-    "train_steps": ("train.num_steps",),
-}
-
-# cpu scale: paper value -> cpu value, per hyperparameter (absent: kept as is).
-CPU_WIDTH_DIVISOR = 8  # d_model, d_ff, d_k, d_v
-CPU_LAYER_DIVISOR = 2  # N
-CPU_STEPS_FRACTION = (3, 1000)  # train_steps: 100k -> 300, 300k -> 900
-CPU_SCALING = {
-    "d_model": lambda v: v // CPU_WIDTH_DIVISOR,
-    "d_ff": lambda v: v // CPU_WIDTH_DIVISOR,
-    "d_k": lambda v: v // CPU_WIDTH_DIVISOR,
-    "d_v": lambda v: v // CPU_WIDTH_DIVISOR,
-    "num_layers": lambda v: v // CPU_LAYER_DIVISOR,
-    "train_steps": lambda v: v * CPU_STEPS_FRACTION[0] // CPU_STEPS_FRACTION[1],
-}
+from transformer_jax.model import ModelConfig
 
 
-def parse_argument(argument: str | None) -> tuple[str, str]:
-    """``"<row>[,<scale>]"`` -> (row, scale); raises ValueError listing the valid rows and scales."""
-    parts = [p.strip() for p in (argument or "").split(",")] if argument else []
-    if len(parts) > 2:
-        raise ValueError(f"configs/table3.py takes '<row>[,<scale>]', got {argument!r}")
-    row = parts[0] if parts and parts[0] else "base"
-    scale = parts[1] if len(parts) == 2 else "paper"
-    if row not in paper.TABLE3_BY_NAME:
-        raise ValueError(f"unknown Table 3 row {row!r} in configs/table3.py:{argument}; valid rows: "
-                         f"{', '.join(r.name for r in paper.TABLE3)}")
-    if scale not in SCALES:
-        raise ValueError(f"unknown scale {scale!r} in configs/table3.py:{argument}; valid scales: "
-                         f"{', '.join(SCALES)} (e.g. configs/table3.py:{row},cpu)")
-    return row, scale
+def _keep(value: Any) -> Any:
+    return value
 
 
-def row_hparams(row: str, scale: str) -> dict:
-    """The row's effective Table 3 hyperparameters at ``scale`` (paper.BASE names)."""
-    hparams = paper.TABLE3_BY_NAME[row].config()
-    if scale == "cpu":
-        hparams = {k: CPU_SCALING[k](v) if k in CPU_SCALING else v for k, v in hparams.items()}
-    return hparams
+def _times(numerator: int, denominator: int) -> Callable[[int | None], int | None]:
+    """paper value -> value * numerator // denominator (None, "derive it", stays None)."""
+    return lambda value: None if value is None else value * numerator // denominator
 
 
-def apply_hparams(config: ml_collections.ConfigDict, hparams: dict) -> None:
-    """Sets the fields of ``FIELDS`` on a locked config (an unknown field raises)."""
-    for name, value in hparams.items():
-        if name not in FIELDS:
-            raise ValueError(f"Table 3 hyperparameter {name!r} has no config field; known: {sorted(FIELDS)}")
-        for path in FIELDS[name]:
-            section, field = path.split(".")
-            setattr(config[section], field, value)
+@dataclasses.dataclass(frozen=True)
+class Scale:
+    """Where Table 3 rows run: a base config, and how each paper value maps onto it.
+
+    ``model`` (ModelConfig fields) and ``train`` (config.train fields) map a field's paper value (the base
+    row's, or the row's own) to its value at this scale. The fields they name are set on every row; a
+    field a row changes is set too, as is when no mapping names it.
+    """
+
+    base: Callable[[], ml_collections.ConfigDict]
+    model: Mapping[str, Callable[[Any], Any]]
+    train: Mapping[str, Callable[[Any], Any]]
 
 
 def _cpu_base() -> ml_collections.ConfigDict:
@@ -135,10 +99,56 @@ def _cpu_base() -> ml_collections.ConfigDict:
     return config
 
 
+_CPU_WIDTH, _CPU_DEPTH = _times(1, 8), _times(1, 2)
+SCALES = {
+    # The paper's own recipe: WMT14 EN-DE with the row's values as they are.
+    "paper": Scale(base=paper_base_lib.get_config, model={}, train={}),
+    # The synthetic task on 2 CPU cores (see the module docstring for the whole mapping).
+    "cpu": Scale(
+        base=_cpu_base,
+        model={"d_model": _CPU_WIDTH, "d_ff": _CPU_WIDTH, "d_k": _CPU_WIDTH, "d_v": _CPU_WIDTH,
+               "num_encoder_layers": _CPU_DEPTH, "num_decoder_layers": _CPU_DEPTH,
+               "num_heads": _keep, "dropout_rate": _keep, "position_encoding": _keep},
+        train={"num_steps": _times(3, 1000), "label_smoothing": _keep}),
+}
+
+
+def parse_argument(argument: str | None) -> tuple[str, str]:
+    """``"<row>[,<scale>]"`` -> (row, scale); raises ValueError listing the valid rows and scales."""
+    parts = [p.strip() for p in (argument or "").split(",")] if argument else []
+    if len(parts) > 2:
+        raise ValueError(f"configs/table3.py takes '<row>[,<scale>]', got {argument!r}")
+    row = parts[0] if parts and parts[0] else "base"
+    scale = parts[1] if len(parts) == 2 else "paper"
+    if row not in paper.TABLE3_BY_NAME:
+        raise ValueError(f"unknown Table 3 row {row!r} in configs/table3.py:{argument}; valid rows: "
+                         f"{', '.join(r.name for r in paper.TABLE3)}")
+    if scale not in SCALES:
+        raise ValueError(f"unknown scale {scale!r} in configs/table3.py:{argument}; valid scales: "
+                         f"{', '.join(SCALES)} (e.g. configs/table3.py:{row},cpu)")
+    return row, scale
+
+
+def _scaled(mapping: Mapping[str, Callable[[Any], Any]], base: Mapping[str, Any],
+            row: Mapping[str, Any]) -> dict[str, Any]:
+    values = {**base, **row}
+    return {name: mapping.get(name, _keep)(values[name]) for name in {**mapping, **row}}
+
+
+def row_overrides(row: str, scale: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(model, train): the fields ``row`` sets at ``scale``, as ModelConfig / config.train values."""
+    table3_row, spec = paper.TABLE3_BY_NAME[row], SCALES[scale]
+    model = _scaled(spec.model, ModelConfig.settable_defaults(), table3_row.model)
+    train = _scaled(spec.train, paper.BASE_TRAIN, table3_row.train)
+    return model, train
+
+
 def get_config(argument: str | None = None) -> ml_collections.ConfigDict:
     row, scale = parse_argument(argument)
-    config = paper_base_lib.get_config() if scale == "paper" else _cpu_base()
+    config = SCALES[scale].base()
     config.lock()  # every field a row sets must already exist
     config.name = f"table3/{row}"
-    apply_hparams(config, row_hparams(row, scale))
+    model, train = row_overrides(row, scale)
+    config.model.update(model)
+    config.train.update(train)
     return config

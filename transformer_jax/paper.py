@@ -1,9 +1,11 @@
 """The paper's own figures that this codebase compares against (Vaswani et al., 2017, arXiv v7).
 
 Transcribed from Tables 2 and 3 and section 5 of arXiv:1706.03762. Table 3 rows are keyed by readable
-names; ``changes`` lists only what differs from the base row, in this package's config names:
-``num_layers`` (N, encoder and decoder alike), ``d_model``, ``d_ff``, ``num_heads`` (h), ``d_k``, ``d_v``,
-``dropout_rate`` (P_drop), ``label_smoothing`` (eps_ls), ``position_encoding`` and ``train_steps``.
+names and carry only what differs from the base row, as overrides in this package's config terms:
+``model`` holds ``ModelConfig`` fields (``num_encoder_layers`` / ``num_decoder_layers`` for N, ``d_model``,
+``d_ff``, ``num_heads`` for h, ``d_k``, ``d_v``, ``dropout_rate`` for P_drop, ``position_encoding``) and
+``train`` holds ``config.train`` fields (``label_smoothing`` for eps_ls, ``num_steps``). The base row's model
+is ``ModelConfig``'s defaults (transformer_jax/model.py); its training values are ``BASE_TRAIN``.
 """
 
 from __future__ import annotations
@@ -11,12 +13,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-# Section 5 and Table 3 "base": the recipe every Table 3 row starts from.
-BASE = {
-    "num_layers": 6, "d_model": 512, "d_ff": 2048, "num_heads": 8, "d_k": 64, "d_v": 64,
-    "dropout_rate": 0.1, "label_smoothing": 0.1, "train_steps": 100_000,
-    "position_encoding": "sinusoidal",
-}
+# Table 3 "base" training values (sections 5.2 and 5.4), as config.train fields. Its model is
+# ModelConfig's defaults, which are not repeated here.
+BASE_TRAIN = {"label_smoothing": 0.1, "num_steps": 100_000}
 ADAM = {"b1": 0.9, "b2": 0.98, "eps": 1e-9}  # section 5.3
 WARMUP_STEPS = 4000  # lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
 TOKENS_PER_BATCH = 25_000  # about 25k source and 25k target tokens per step (section 5.1)
@@ -34,42 +33,50 @@ class Table3Row:
 
     name: str
     group: str  # "base", "A".."E" or "big"
-    changes: dict[str, Any]
+    model: dict[str, Any]  # ModelConfig fields that differ from the base row
+    train: dict[str, Any]  # config.train fields that differ from BASE_TRAIN
     ppl_dev: float  # per-wordpiece perplexity
     bleu_dev: float
     params_millions: int | None  # None where the paper leaves the cell blank
 
-    def config(self) -> dict[str, Any]:
-        """The full effective hyperparameters of the row."""
-        return {**BASE, **self.changes}
+    @property
+    def num_steps(self) -> int:
+        """Training steps of the row (100k, or 300k for big)."""
+        return {**BASE_TRAIN, **self.train}["num_steps"]
 
 
-def _row(name, group, changes, ppl, bleu, params):
-    return Table3Row(name, group, changes, ppl, bleu, params)
+def _row(name, group, ppl, bleu, params, *, model=None, train=None):
+    return Table3Row(name, group, model or {}, train or {}, ppl, bleu, params)
+
+
+def _n(layers: int) -> dict[str, int]:
+    """N of Table 3: the encoder and the decoder alike."""
+    return {"num_encoder_layers": layers, "num_decoder_layers": layers}
 
 
 TABLE3 = (
-    _row("base", "base", {}, 4.92, 25.8, 65),
-    _row("A-heads1", "A", {"num_heads": 1, "d_k": 512, "d_v": 512}, 5.29, 24.9, None),
-    _row("A-heads4", "A", {"num_heads": 4, "d_k": 128, "d_v": 128}, 5.00, 25.5, None),
-    _row("A-heads16", "A", {"num_heads": 16, "d_k": 32, "d_v": 32}, 4.91, 25.8, None),
-    _row("A-heads32", "A", {"num_heads": 32, "d_k": 16, "d_v": 16}, 5.01, 25.4, None),
-    _row("B-dk16", "B", {"d_k": 16}, 5.16, 25.1, 58),
-    _row("B-dk32", "B", {"d_k": 32}, 5.01, 25.4, 60),
-    _row("C-layers2", "C", {"num_layers": 2}, 6.11, 23.7, 36),
-    _row("C-layers4", "C", {"num_layers": 4}, 5.19, 25.3, 50),
-    _row("C-layers8", "C", {"num_layers": 8}, 4.88, 25.5, 80),
-    _row("C-dmodel256", "C", {"d_model": 256, "d_k": 32, "d_v": 32}, 5.75, 24.5, 28),
-    _row("C-dmodel1024", "C", {"d_model": 1024, "d_k": 128, "d_v": 128}, 4.66, 26.0, 168),
-    _row("C-dff1024", "C", {"d_ff": 1024}, 5.12, 25.4, 53),
-    _row("C-dff4096", "C", {"d_ff": 4096}, 4.75, 26.2, 90),
-    _row("D-drop0.0", "D", {"dropout_rate": 0.0}, 5.77, 24.6, None),
-    _row("D-drop0.2", "D", {"dropout_rate": 0.2}, 4.95, 25.5, None),
-    _row("D-ls0.0", "D", {"label_smoothing": 0.0}, 4.67, 25.3, None),
-    _row("D-ls0.2", "D", {"label_smoothing": 0.2}, 5.47, 25.7, None),
-    _row("E-learned-pos", "E", {"position_encoding": "learned"}, 4.92, 25.7, None),
-    _row("big", "big", {"d_model": 1024, "d_ff": 4096, "num_heads": 16, "dropout_rate": 0.3,
-                        "train_steps": 300_000}, 4.33, 26.4, 213),
+    _row("base", "base", 4.92, 25.8, 65),
+    _row("A-heads1", "A", 5.29, 24.9, None, model={"num_heads": 1, "d_k": 512, "d_v": 512}),
+    _row("A-heads4", "A", 5.00, 25.5, None, model={"num_heads": 4, "d_k": 128, "d_v": 128}),
+    _row("A-heads16", "A", 4.91, 25.8, None, model={"num_heads": 16, "d_k": 32, "d_v": 32}),
+    _row("A-heads32", "A", 5.01, 25.4, None, model={"num_heads": 32, "d_k": 16, "d_v": 16}),
+    _row("B-dk16", "B", 5.16, 25.1, 58, model={"d_k": 16}),
+    _row("B-dk32", "B", 5.01, 25.4, 60, model={"d_k": 32}),
+    _row("C-layers2", "C", 6.11, 23.7, 36, model=_n(2)),
+    _row("C-layers4", "C", 5.19, 25.3, 50, model=_n(4)),
+    _row("C-layers8", "C", 4.88, 25.5, 80, model=_n(8)),
+    _row("C-dmodel256", "C", 5.75, 24.5, 28, model={"d_model": 256, "d_k": 32, "d_v": 32}),
+    _row("C-dmodel1024", "C", 4.66, 26.0, 168, model={"d_model": 1024, "d_k": 128, "d_v": 128}),
+    _row("C-dff1024", "C", 5.12, 25.4, 53, model={"d_ff": 1024}),
+    _row("C-dff4096", "C", 4.75, 26.2, 90, model={"d_ff": 4096}),
+    _row("D-drop0.0", "D", 5.77, 24.6, None, model={"dropout_rate": 0.0}),
+    _row("D-drop0.2", "D", 4.95, 25.5, None, model={"dropout_rate": 0.2}),
+    _row("D-ls0.0", "D", 4.67, 25.3, None, train={"label_smoothing": 0.0}),
+    _row("D-ls0.2", "D", 5.47, 25.7, None, train={"label_smoothing": 0.2}),
+    _row("E-learned-pos", "E", 4.92, 25.7, None, model={"position_encoding": "learned"}),
+    _row("big", "big", 4.33, 26.4, 213,
+         model={"d_model": 1024, "d_ff": 4096, "num_heads": 16, "dropout_rate": 0.3},
+         train={"num_steps": 300_000}),
 )
 TABLE3_BY_NAME = {row.name: row for row in TABLE3}
 
@@ -99,3 +106,40 @@ CONFIG_TO_PAPER = {
     "wmt14_en_de_big": {"table2": ("big", "en_de"), "table3": "big"},
     "wmt14_en_fr_big": {"table2": ("big", "en_fr"), "table3": None},
 }
+
+
+# Section 6.3 and Table 4: English constituency parsing (F1 on WSJ section 23; section 22 is dev).
+PARSING_NUM_LAYERS = 4  # "a 4-layer transformer with d_model = 1024"
+PARSING_D_MODEL = 1024
+PARSING_VOCAB_WSJ_ONLY = 16_000  # WSJ only (about 40K training sentences)
+PARSING_VOCAB_SEMI_SUPERVISED = 32_000  # with the ~17M-sentence high-confidence/BerkeleyParser corpora
+PARSING_BEAM_SIZE = 21
+PARSING_LENGTH_PENALTY_ALPHA = 0.3
+PARSING_MAX_EXTRA_LEN = 300  # max output length = input length + 300
+PARSING_TRAIN_SENTENCES_WSJ_ONLY = 40_000  # "about 40K", sections 02-21
+
+
+@dataclasses.dataclass(frozen=True)
+class Table4Row:
+    """One row of Table 4: a parser, how it was trained, and its WSJ section 23 F1."""
+
+    parser: str
+    training: str  # "WSJ only, discriminative", "semi-supervised", "multi-task" or "generative"
+    wsj23_f1: float
+
+
+TABLE4 = (
+    Table4Row("Vinyals & Kaiser et al. (2014)", "WSJ only, discriminative", 88.3),
+    Table4Row("Petrov et al. (2006)", "WSJ only, discriminative", 90.4),
+    Table4Row("Zhu et al. (2013)", "WSJ only, discriminative", 90.4),
+    Table4Row("Dyer et al. (2016)", "WSJ only, discriminative", 91.7),
+    Table4Row("Transformer (4 layers)", "WSJ only, discriminative", 91.3),
+    Table4Row("Zhu et al. (2013)", "semi-supervised", 91.3),
+    Table4Row("Huang & Harper (2009)", "semi-supervised", 91.3),
+    Table4Row("McClosky et al. (2006)", "semi-supervised", 92.1),
+    Table4Row("Vinyals & Kaiser et al. (2014)", "semi-supervised", 92.1),
+    Table4Row("Transformer (4 layers)", "semi-supervised", 92.7),
+    Table4Row("Luong et al. (2015)", "multi-task", 93.0),
+    Table4Row("Dyer et al. (2016)", "generative", 93.3),
+)
+TABLE4_TRANSFORMER_F1 = {"wsj_only": 91.3, "semi_supervised": 92.7}  # the paper's own rows

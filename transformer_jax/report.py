@@ -61,7 +61,7 @@ def paper_reference(config_name: str, split: str) -> PaperReference | None:
         return None
     return PaperReference(
         source=f"Table 3, row {row.name!r}, EN-DE", lang_pair="EN-DE", bleu=row.bleu_dev, ppl=row.ppl_dev,
-        train_steps=row.config()["train_steps"], average_last=None)
+        train_steps=row.num_steps, average_last=None)
 
 
 def paper_comparison_table(config_name: str, split: str, results: Mapping[str, Any]) -> str:
@@ -144,7 +144,7 @@ def _table2_reference(row_name: str, lang: str) -> PaperReference:
     return PaperReference(
         source=f"Table 2, {row.model}, {lang_pair}", lang_pair=lang_pair,
         bleu=row.bleu_en_de if lang == "en_de" else row.bleu_en_fr, ppl=None,
-        train_steps=paper.TABLE3_BY_NAME[row_name].config()["train_steps"],
+        train_steps=paper.TABLE3_BY_NAME[row_name].num_steps,
         average_last=paper.AVERAGE_LAST[row_name], inconsistency=inconsistency)
 
 
