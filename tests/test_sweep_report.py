@@ -1,0 +1,128 @@
+"""Tests for transformer_jax.sweep.report (and the ``params`` command): tables, directions, CSV, PNG.
+
+Sweeps are faked: a manifest and each row's ``result.json`` (or train.py / evaluate.py outputs) written
+directly, nothing trained.
+"""
+
+import csv
+import json
+import os
+
+from test_sweep import FakeRunner, run
+
+from transformer_jax.sweep import grid, launchers, report
+
+
+def _cells(markdown: str, row: str) -> list[list[str]]:
+    """The cells of every markdown table line whose first cell is ``row`` (main table, then directions)."""
+    out = []
+    for line in markdown.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and cells[0] == row:
+            out.append(cells)
+    return out
+
+
+def test_params_command_counts_by_hand(capsys):
+    assert run("params", "--scale", "cpu", "--rows", "base,C-layers2") == 0
+    lines = {cells[0]: cells for cells in (
+        [c.strip() for c in line.strip("|").split("|")] for line in capsys.readouterr().out.splitlines()
+        if line.startswith("| "))}
+    # d_model 64, d_ff 256, h 8, d_k = d_v = 8, 1000 shared tokens:
+    # encoder layer 4*64*64 + (2*64*256 + 256 + 64) + 2*128 = 49,728; decoder layer 66,240; embedding 64,000.
+    assert lines["base"][2:] == ["411,904", "0.4", "65"]  # 3 x (49,728 + 66,240) + 64,000
+    assert lines["C-layers2"][1:3] == ["num_encoder_layers=1, num_decoder_layers=1", "179,968"]  # N=1
+
+
+def test_direction_uses_one_rule_for_both():
+    assert report.direction(5.29, 4.92, "ppl") == "up"
+    assert report.direction(4.91, 4.92, "ppl") == "flat"  # A-heads16: within 1%
+    assert report.direction(4.67, 4.92, "ppl") == "down"
+    assert report.direction(25.7, 25.8, "bleu") == "flat"
+    assert report.direction(25.4, 25.8, "bleu") == "down"
+
+
+def _fake_sweep(workdir, results):
+    rows = grid.table3_rows(",".join(results), "cpu")
+    info = grid.validate_rows(rows)
+    launchers.write_manifest(str(workdir), grid="table3", scale="cpu", config_arg=None, rows=rows, info=info)
+    for name, (ppl, bleu) in results.items():
+        if ppl is None:
+            continue
+        (workdir / name).mkdir()
+        (workdir / name / "result.json").write_text(json.dumps(
+            {"row": name, "step": 300, "dev_ppl": ppl, "dev_bleu": bleu, "dev_sacrebleu": bleu - 1,
+             "wall_seconds": 95.0}))
+
+
+def test_report_from_fake_results(tmp_path, capsys):
+    _fake_sweep(tmp_path, {"base": (10.0, 20.0), "A-heads1": (11.0, 18.0), "D-ls0.0": (10.5, 20.1),
+                           "E-learned-pos": (10.02, 20.0), "big": (None, None)})
+    assert run("report", "--workdir", str(tmp_path)) == 0
+    markdown = (tmp_path / "report.md").read_text()
+    assert markdown in capsys.readouterr().out
+    # Main table: row, changes, params, at paper scale (x10^6), paper (x10^6), dev PPL, paper PPL,
+    # dev BLEU, paper BLEU, steps, wall.
+    base = _cells(markdown, "base")[0]
+    assert base[2:] == ["411,904", "63.0", "65", "10.00", "4.92", "20.00", "25.8", "300", "1.6 min"]
+    big = _cells(markdown, "big")[0]
+    assert big[3:5] == ["214.2", "213"] and big[9] == "— / 900"  # unfinished: steps of the budget
+    # Direction table: row, changes, PPL vs base, paper, verdict, BLEU vs base, paper, verdict.
+    # A-heads1: PPL 10 -> 11 (+10%; paper 4.92 -> 5.29, +7.5%), BLEU 20 -> 18 (paper 25.8 -> 24.9).
+    assert _cells(markdown, "A-heads1")[-1][2:] == [
+        "up (+10.0%)", "up (+7.5%)", "agrees", "down (-2.00)", "down (-0.9)", "agrees"]
+    # D-ls0.0: PPL up here (+5%) but down in the paper (4.92 -> 4.67, -5.1%); BLEU 20.1 is within 0.25.
+    assert _cells(markdown, "D-ls0.0")[-1][2:] == [
+        "up (+5.0%)", "down (-5.1%)", "differs", "flat (+0.10)", "down (-0.5)", "differs"]
+    assert _cells(markdown, "E-learned-pos")[-1][2:5] == ["flat (+0.2%)", "flat (+0.0%)", "agrees"]
+
+    with open(tmp_path / "report.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["row"] for r in rows] == ["base", "A-heads1", "D-ls0.0", "E-learned-pos", "big"]
+    assert [r["status"] for r in rows] == ["done"] * 4 + ["not finished"]
+    assert float(rows[1]["dev_ppl"]) == 11.0 and rows[1]["paper_ppl_vs_base"] == "up"
+    assert [r["ppl_agrees"] for r in rows[1:4]] == ["True", "False", "True"]
+    assert [r["bleu_agrees"] for r in rows[1:4]] == ["True", "False", "True"]  # E: flat, paper -0.1 flat
+    png = tmp_path / "report.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_report_without_base_has_no_direction_table(tmp_path):
+    _fake_sweep(tmp_path, {"A-heads1": (11.0, 18.0)})
+    result = report.write_report(str(tmp_path))
+    assert len(_cells(result["markdown"], "A-heads1")) == 1  # the main table only
+    assert (tmp_path / "report.png").stat().st_size > 5_000
+
+
+def test_generic_grid_report(tmp_path, monkeypatch):
+    monkeypatch.setattr(launchers, "run_command", FakeRunnerGrid())
+    assert run("--grid", "model.num_heads=2,4", "--config", "configs/table3.py:base,cpu",
+               "--workdir", str(tmp_path)) == 0
+    markdown = report.write_report(str(tmp_path))["markdown"]
+    header = next(line for line in markdown.splitlines() if line.startswith("| row"))
+    assert [c.strip() for c in header.strip("|").split("|")] == [
+        "row", "params", "dev PPL", "dev BLEU", "steps", "wall"]  # no paper columns
+    # d_model 64 at 1000 tokens; h changes no parameter count.
+    assert _cells(markdown, "model.num_heads=2")[0][1:4] == ["411,904", "9.00", "1.00"]
+    assert _cells(markdown, "model.num_heads=4")[0][1] == "411,904"
+
+
+class FakeRunnerGrid(FakeRunner):
+    def __call__(self, command, log_path):
+        row_dir = next(a.split("=", 1)[1] for a in command if a.startswith("--workdir="))
+        if command[1] == "train.py":
+            with open(os.path.join(row_dir, "metrics.jsonl"), "a") as f:
+                f.write(json.dumps({"step": 400, "train_seconds": 1.0}) + "\n")
+        else:
+            os.makedirs(os.path.join(row_dir, "eval"), exist_ok=True)
+            with open(os.path.join(row_dir, "eval", "dev-400.json"), "w") as f:
+                json.dump({"step": 400, "ppl": 9.0, "tokenized_bleu": 1.0, "sacrebleu": 1.0,
+                           "beam_size": 4, "num_sentences": 200}, f)
+        return 0
+
+
+def test_bleu_directions_need_a_base_that_translates(tmp_path):
+    _fake_sweep(tmp_path, {"base": (13.0, 0.0), "D-ls0.2": (14.0, 0.0)})
+    markdown = report.write_report(str(tmp_path))["markdown"]
+    assert _cells(markdown, "D-ls0.2")[-1][2:] == [
+        "up (+7.7%)", "up (+11.2%)", "agrees", "flat (+0.00)", "flat (-0.1)", "not compared"]

@@ -1,0 +1,129 @@
+"""Command line of the sweeps: ``python -m transformer_jax.sweep [launch|report|params] --flags``.
+
+    python -m transformer_jax.sweep --grid table3 [--rows A,E] --scale cpu --workdir runs/table3
+    python -m transformer_jax.sweep --grid 'model.num_heads=1,4,8 model.dropout_rate=0.0,0.1' \\
+        --config configs/default.py --workdir runs/heads --launcher print
+    python -m transformer_jax.sweep report --workdir runs/table3
+    python -m transformer_jax.sweep params [--scale paper|cpu] [--rows C]
+
+Dev decoding: beam 4, alpha 0.6 as in Table 3, except at ``--scale cpu`` where it is greedy (beam 1) to
+save time; ``--beam_size`` overrides both. See ``transformer_jax/sweep/__init__.py`` and docs/sweeps.md.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import app, flags
+
+from transformer_jax import paper
+from transformer_jax.sweep import grid, launchers, report
+
+COMMANDS = ("launch", "report", "params")
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """The flags of ``python -m transformer_jax.sweep``."""
+    flags.DEFINE_string("grid", "table3", "'table3' (the paper's Table 3 rows), or space-separated "
+                        "key=v1,v2 items over --config, e.g. "
+                        "'model.num_heads=1,4,8 model.dropout_rate=0.0,0.1' "
+                        "(their cartesian product; values are parsed as the field's type).",
+                        flag_values=flag_values)
+    flags.DEFINE_string("rows", None, "Table 3 only: comma-separated groups (base, A-E, big) and row names, "
+                        "e.g. A,E or C-dmodel256. Default: every row. The base row is added when missing.",
+                        flag_values=flag_values)
+    flags.DEFINE_string("scale", None, "Table 3 only: the scale of configs/table3.py the rows run at, e.g. "
+                        "paper (default: WMT14 EN-DE as in the paper) or cpu (a synthetic task on 2 cores).",
+                        flag_values=flag_values)
+    flags.DEFINE_string("config", "configs/default.py", "Base config of a generic grid, path[:argument] "
+                        "as train.py's --config (e.g. configs/table3.py:base,cpu).", flag_values=flag_values)
+    flags.DEFINE_string("workdir", None, "Sweep directory, one sub-directory per row (default: runs/table3 "
+                        "or runs/sweep). 'report' reads and writes here.", flag_values=flag_values)
+    flags.DEFINE_enum("launcher", "local", ["local", "print", "slurm"],
+                      "local: run the rows here, one after another (finished rows are skipped, partial ones "
+                      "resume); print: print each row's train and evaluate commands; slurm: write "
+                      "<workdir>/sweep.sbatch, one array task per row.", flag_values=flag_values)
+    flags.DEFINE_integer("beam_size", None, "Beam of the dev decoding (default: 1 at --scale cpu, else the "
+                         f"paper's {paper.BEAM_SIZE}).", flag_values=flag_values)
+    flags.DEFINE_integer("row_index", None, "Run only this row (0-based, in sweep order); the SLURM array "
+                         "task id.", flag_values=flag_values)
+    flags.DEFINE_string("python", None, "Interpreter in the commands (default: this one for the local "
+                        "launcher, 'python' for print and slurm).", flag_values=flag_values)
+    flags.DEFINE_multi_string("slurm_option", [], "Extra #SBATCH line of the slurm launcher, e.g. "
+                              "--slurm_option=--gres=gpu:1 (repeatable).", flag_values=flag_values)
+
+
+def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
+    """Runs the command in ``argv[1:]`` (launch, report or params) with parsed ``flag_values``.
+
+    Returns the exit status: 0 done, 1 some rows failed (run again to resume), 2 bad input.
+    """
+    if len(argv) > 2 or (len(argv) == 2 and argv[1] not in COMMANDS):
+        raise app.UsageError(f"expected one command of {COMMANDS} (default: launch), got {argv[1:]}")
+    command = argv[1] if len(argv) == 2 else "launch"
+    try:
+        return _run(command, flag_values)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _rows(f: flags.FlagValues, rows: str | None) -> list[grid.Row]:
+    if f.grid == "table3":
+        return grid.table3_rows(rows, f.scale or "paper")
+    if f.rows or f.scale:
+        raise ValueError("--rows and --scale apply to --grid table3; a generic grid runs every "
+                         "combination (use --row_index for one)")
+    return grid.parse_grid(f.grid, f.config)
+
+
+def _run(command: str, f: flags.FlagValues) -> int:
+    if command == "report":
+        if not f.workdir:
+            raise ValueError("report needs --workdir, the directory of a launched sweep")
+        paths = report.write_report(f.workdir)
+        print(paths["markdown"])
+        print(f"Wrote {paths['md']}, {paths['csv']} and {paths['png']}")
+        return 0
+    rows = _rows(f, f.rows)
+    if command != "params" and f.grid == "table3" and f.rows and not any(r.name == "base" for r in rows):
+        rows = _rows(f, "base," + f.rows)
+        print("Adding the base row: the report compares every row with it.")
+    info = grid.validate_rows(rows)  # every row builds a valid config before anything runs
+    if command == "params":
+        print(report.params_table(rows, info))
+        return 0
+    workdir = os.path.abspath(f.workdir or ("runs/table3" if f.grid == "table3" else "runs/sweep"))
+    scale = (f.scale or "paper") if f.grid == "table3" else None
+    config_arg = None if f.grid == "table3" else grid.command_config_arg(f.config)
+    launchers.write_manifest(workdir, grid=f.grid, scale=scale, config_arg=config_arg, rows=rows, info=info)
+    beam_size = f.beam_size or (1 if scale == "cpu" else paper.BEAM_SIZE)
+    if f.row_index is not None:
+        if not 0 <= f.row_index < len(rows):
+            raise ValueError(f"--row_index={f.row_index} is out of range: the sweep has {len(rows)} rows "
+                             f"(0 to {len(rows) - 1})")
+        rows = [rows[f.row_index]]
+    if f.launcher == "local":
+        failed = launchers.launch_local(rows, info, workdir, beam_size=beam_size,
+                                        python=f.python or sys.executable)
+        return 1 if failed else 0
+    python = f.python or "python"
+    if f.launcher == "print":
+        launchers.launch_print(rows, info, workdir, beam_size=beam_size, python=python)
+        return 0
+    task = [python, "-m", "transformer_jax.sweep", f"--grid={f.grid}", f"--workdir={workdir}",
+            "--launcher=local", f"--beam_size={beam_size}", f"--python={python}"]
+    if f.grid == "table3":  # explicit names, so that array index i is row i
+        task += [f"--scale={scale}", f"--rows={','.join(r.name for r in rows)}"]
+    else:
+        task += [f"--config={config_arg}"]
+    path = launchers.launch_slurm(rows, workdir, task, slurm_options=f.slurm_option)
+    print(f"Wrote {path} ({len(rows)} array tasks). Submit it with:\n  sbatch {path}\n"
+          f"then, when the tasks finish: python -m transformer_jax.sweep report --workdir {workdir}")
+    return 0
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)

@@ -1,0 +1,230 @@
+"""Launchers: run a sweep's rows here one after another, print their commands, or write a SLURM array.
+
+  local   runs the rows in order, each as ``train.py`` then ``evaluate.py --split=dev`` subprocesses (a
+          crash or a jit cache in one row cannot touch the next; logs go to ``<row>/train.log`` and
+          ``<row>/evaluate.log``). A row with ``<row>/result.json`` is finished and skipped; a partial one
+          resumes from its checkpoints (train.py does that by itself).
+  print   prints the train + evaluate command of every row, for your own cluster tooling.
+  slurm   writes ``<workdir>/sweep.sbatch``, an array job with one task per row (each task runs the sweep
+          with ``--launcher=local --row_index=$SLURM_ARRAY_TASK_ID``, so it skips and resumes too).
+
+Every launcher writes ``<workdir>/sweep.json`` (the rows, their changes and parameter counts), which the
+report reads; sweeps into one workdir accumulate rows (``--rows A`` then ``--rows D,E``).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shlex
+import subprocess
+import time
+from collections.abc import Sequence
+
+from transformer_jax import paper
+from transformer_jax.sweep.grid import REPO_ROOT, Row, describe, format_value
+
+MANIFEST = "sweep.json"
+RESULT = "result.json"
+ATTEMPTS = "attempts.jsonl"
+
+
+def train_command(row: Row, row_dir: str, python: str) -> list[str]:
+    return [python, "train.py", f"--config={row.config_arg}",
+            *(f"--config.{k}={format_value(v)}" for k, v in row.overrides), f"--workdir={row_dir}"]
+
+
+def evaluate_command(row_dir: str, python: str, beam_size: int) -> list[str]:
+    return [python, "evaluate.py", f"--workdir={row_dir}", "--split=dev", f"--beam_size={beam_size}"]
+
+
+def run_command(command: list[str], log_path: str) -> int:
+    """Runs ``command`` from the repository root, stdout and stderr to ``log_path``; returns its status.
+
+    Rows share a persistent XLA compilation cache (``<workdir>/jax_cache`` unless
+    JAX_COMPILATION_CACHE_DIR is set), so identical programs (e.g. the decoder of rows that differ only
+    in dropout or label smoothing, or a resumed row) compile once.
+    """
+    row_dir = os.path.dirname(os.path.abspath(log_path))
+    env = dict(os.environ)
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.dirname(row_dir), "jax_cache"))
+    with open(log_path, "a") as log:
+        log.write(f"\n$ {shlex.join(command)}\n")
+        log.flush()
+        return subprocess.run(command, cwd=REPO_ROOT, env=env, stdout=log,
+                              stderr=subprocess.STDOUT).returncode
+
+
+def _read_text(path: str) -> str | None:
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return f.read()
+
+
+def read_jsonl(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def final_train_record(row_dir: str, num_steps: int) -> dict | None:
+    """The last ``metrics.jsonl`` record of a finished training run (it carries ``train_seconds``)."""
+    for record in reversed(read_jsonl(os.path.join(row_dir, "metrics.jsonl"))):
+        if "train_seconds" in record and record.get("step", 0) >= num_steps:
+            return record
+    return None
+
+
+def latest_dev_eval(row_dir: str) -> dict | None:
+    """The dev-split evaluation of the highest step (``<row>/eval/dev-<step>.json``)."""
+    found = []
+    for path in glob.glob(os.path.join(row_dir, "eval", "dev-*.json")):
+        stem = os.path.basename(path)[len("dev-"):-len(".json")]
+        if stem.isdigit():
+            found.append((int(stem), path))
+    if not found:
+        return None
+    with open(max(found)[1]) as f:
+        return json.load(f)
+
+
+def _log_attempt(row_dir: str, phase: str, seconds: float, returncode: int) -> None:
+    with open(os.path.join(row_dir, ATTEMPTS), "a") as f:
+        f.write(json.dumps({"phase": phase, "seconds": seconds, "returncode": returncode,
+                            "time": time.time()}) + "\n")
+
+
+def run_row(row: Row, row_dir: str, *, num_steps: int, beam_size: int, python: str) -> dict | None:
+    """Trains (or resumes) and evaluates one row; writes and returns ``result.json``, or None if it failed."""
+    os.makedirs(row_dir, exist_ok=True)
+    if final_train_record(row_dir, num_steps) is None:
+        started = time.time()
+        code = run_command(train_command(row, row_dir, python), os.path.join(row_dir, "train.log"))
+        _log_attempt(row_dir, "train", time.time() - started, code)
+        if code != 0:
+            print(f"  training failed (exit {code}); see {os.path.join(row_dir, 'train.log')}")
+            return None
+    final = final_train_record(row_dir, num_steps)
+    if final is None:
+        print(f"  training stopped before step {num_steps} (preempted?); run the sweep again to resume")
+        return None
+    started = time.time()
+    code = run_command(evaluate_command(row_dir, python, beam_size),
+                        os.path.join(row_dir, "evaluate.log"))
+    _log_attempt(row_dir, "evaluate", time.time() - started, code)
+    evaluation = latest_dev_eval(row_dir)
+    if code != 0 or evaluation is None or evaluation["step"] < num_steps:
+        print(f"  evaluation failed (exit {code}); see {os.path.join(row_dir, 'evaluate.log')}")
+        return None
+    attempts = read_jsonl(os.path.join(row_dir, ATTEMPTS))
+    result = {
+        **result_from(row.name, dict(row.changes), evaluation, final),
+        "wall_seconds": sum(a["seconds"] for a in attempts),  # every attempt: train and evaluate
+        "attempts": len([a for a in attempts if a["phase"] == "train"]),
+    }
+    with open(os.path.join(row_dir, RESULT), "w") as f:
+        json.dump(result, f, indent=1)
+    return result
+
+
+def result_from(name: str, changes: dict, evaluation: dict, final: dict) -> dict:
+    return {"row": name, "changes": changes, "step": evaluation["step"], "dev_ppl": evaluation["ppl"],
+            "dev_bleu": evaluation["tokenized_bleu"], "dev_sacrebleu": evaluation["sacrebleu"],
+            "beam_size": evaluation["beam_size"], "num_sentences": evaluation["num_sentences"],
+            "train_seconds": final["train_seconds"]}
+
+
+def launch_local(rows: Sequence[Row], info: dict, workdir: str, *, beam_size: int, python: str) -> int:
+    """Runs the rows in order, skipping finished ones; returns the number of rows that failed."""
+    failed = []
+    sweep_started = time.time()
+    for i, row in enumerate(rows, 1):
+        row_dir = os.path.join(workdir, row.name)
+        prefix = f"[{i}/{len(rows)}] {row.name}"
+        if os.path.exists(os.path.join(row_dir, RESULT)):
+            print(f"{prefix}: done already ({os.path.join(row_dir, RESULT)}), skipped")
+            continue
+        print(f"{prefix}: {describe(row)}; {info[row.name]['params']:,} parameters; log in "
+              f"{os.path.join(row_dir, 'train.log')}", flush=True)
+        started = time.time()
+        result = run_row(row, row_dir, num_steps=info[row.name]["num_steps"], beam_size=beam_size,
+                         python=python)
+        if result is None:
+            failed.append(row.name)
+            continue
+        print(f"{prefix}: dev PPL {result['dev_ppl']:.2f}, dev BLEU {result['dev_bleu']:.2f} "
+              f"({time.time() - started:.0f} s)", flush=True)
+    print(f"Sweep: {len(rows) - len(failed)} of {len(rows)} rows done in {time.time() - sweep_started:.0f} s"
+          + (f"; failed: {', '.join(failed)} (run again to retry)" if failed else ""))
+    print(f"Report: python -m transformer_jax.sweep report --workdir {workdir}")
+    return len(failed)
+
+
+def launch_print(rows: Sequence[Row], info: dict, workdir: str, *, beam_size: int, python: str) -> None:
+    print(f"# {len(rows)} rows; run from {REPO_ROOT}. Collect results with: "
+          f"{python} -m transformer_jax.sweep report --workdir {workdir}")
+    for row in rows:
+        row_dir = os.path.join(workdir, row.name)
+        paper_params = paper.TABLE3_BY_NAME[row.paper_row].params_millions if row.paper_row else None
+        print(f"# {row.name}: {describe(row)}; {info[row.name]['params']:,} parameters"
+              + (f" (paper x10^6: {paper_params or '—'})" if row.paper_row else ""))
+        print(f"{shlex.join(train_command(row, row_dir, python))} && "
+              f"{shlex.join(evaluate_command(row_dir, python, beam_size))}")
+
+
+def launch_slurm(rows: Sequence[Row], workdir: str, argv_for_task: list[str], *,
+                 slurm_options: Sequence[str]) -> str:
+    """Writes ``<workdir>/sweep.sbatch`` (one array task per row); returns its path."""
+    path = os.path.join(workdir, "sweep.sbatch")
+    lines = ["#!/bin/bash",
+             f"#SBATCH --job-name=sweep-{os.path.basename(os.path.normpath(workdir))}",
+             f"#SBATCH --array=0-{len(rows) - 1}",
+             f"#SBATCH --output={os.path.join(workdir, 'slurm-%A_%a.out')}",
+             *(f"#SBATCH {option}" for option in slurm_options),
+             "# Task i trains and evaluates row i (skipped if finished, resumed if partial):",
+             *(f"#   {i}: {row.name}" for i, row in enumerate(rows)),
+             "set -euo pipefail",
+             f"cd {shlex.quote(REPO_ROOT)}",
+             shlex.join(argv_for_task) + ' --row_index="$SLURM_ARRAY_TASK_ID"', ""]
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------
+# The manifest: what a workdir's sweep is.
+
+
+def write_manifest(workdir: str, *, grid: str, scale: str | None, config_arg: str | None,
+                   rows: Sequence[Row], info: dict) -> dict:
+    """Writes (or extends) ``<workdir>/sweep.json``; refuses a workdir that holds a different sweep."""
+    path = os.path.join(workdir, MANIFEST)
+    manifest = {"grid": grid, "scale": scale, "config": config_arg, "rows": []}
+    if os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)
+        if (old["grid"], old["scale"], old["config"]) != (grid, scale, config_arg):
+            raise ValueError(
+                f"{workdir} holds another sweep (grid={old['grid']!r}, scale={old['scale']!r}, "
+                f"config={old['config']!r}); use another --workdir")
+        manifest["rows"] = old["rows"]
+    known = {r["name"] for r in manifest["rows"]}
+    for row in rows:
+        if row.name not in known:
+            manifest["rows"].append({
+                "name": row.name, "config_arg": row.config_arg, "changes": dict(row.changes),
+                "paper_row": row.paper_row, **info[row.name]})
+    if grid == "table3":
+        order = {r.name: i for i, r in enumerate(paper.TABLE3)}
+        manifest["rows"].sort(key=lambda r: order[r["name"]])
+    os.makedirs(workdir, exist_ok=True)
+    text = json.dumps(manifest, indent=1)
+    if _read_text(path) != text:  # SLURM array tasks all write the same manifest
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    return manifest
