@@ -1,13 +1,9 @@
-"""Tests for transformer_jax.checkpoint: round trip, retention, schedule, damage, averaging, lock, signals."""
+"""Tests for transformer_jax.checkpoint: round trip, retention, schedule, damage, averaging."""
 
 import glob
-import json
 import logging
 import os
-import signal
-import subprocess
-import sys
-import textwrap
+import re
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +13,7 @@ import pytest
 from flax import struct
 
 from transformer_jax import checkpoint as ckpt_lib
-from transformer_jax.checkpoint import Checkpointer, PreemptionGuard, WorkdirLock, average_checkpoints
+from transformer_jax.checkpoint import Checkpointer, average_checkpoints
 
 
 @struct.dataclass
@@ -179,11 +175,11 @@ def test_time_schedule_with_several_processes_follows_process_0(tmp_path, monkey
 
 
 def test_schedule_arguments_are_validated(tmp_path):
-    with pytest.raises(ValueError, match="save_every_steps must be a positive int or None, got 0"):
+    with pytest.raises(ValueError, match=r"save_every_steps.*\b0\b"):
         new_checkpointer(tmp_path, save_every_steps=0)
-    with pytest.raises(ValueError, match="save_every_minutes must be positive or None, got -1"):
+    with pytest.raises(ValueError, match=r"save_every_minutes.*-1"):
         new_checkpointer(tmp_path, save_every_minutes=-1)
-    with pytest.raises(ValueError, match="time_check_every must be >= 1 or None, got 0"):
+    with pytest.raises(ValueError, match=r"time_check_every.*\b0\b"):
         new_checkpointer(tmp_path, save_every_minutes=1, time_check_every=0)
 
 
@@ -235,9 +231,9 @@ def test_explicitly_requested_damaged_step_raises(tmp_path):
     save_steps(tmp_path, [1, 2])
     _damage(str(tmp_path / "2"), "missing_metadata")
     with new_checkpointer(tmp_path) as ckpt:
-        with pytest.raises(RuntimeError, match=rf"checkpoint step 2 in {tmp_path} could not be restored"):
+        with pytest.raises(RuntimeError, match=rf"step 2 in {re.escape(str(tmp_path))}"):
             ckpt.restore(ABSTRACT, step=2)
-        with pytest.raises(FileNotFoundError, match=rf"no checkpoint for step 9 in {tmp_path}.*\[1, 2\]"):
+        with pytest.raises(FileNotFoundError, match=rf"step 9 in {re.escape(str(tmp_path))}.*\[1, 2\]"):
             ckpt.restore(ABSTRACT, step=9)
         assert ckpt.all_steps() == [1, 2]  # no silent fallback, nothing moved
 
@@ -247,11 +243,11 @@ def test_no_restorable_step_raises_and_moves_nothing(tmp_path):
     for step in (1, 2):
         _damage(str(tmp_path / str(step)), "missing_metadata")
     with new_checkpointer(tmp_path) as ckpt:
-        with pytest.raises(RuntimeError, match=rf"no checkpoint in {tmp_path} could be restored.*\[2, 1\]"):
+        with pytest.raises(RuntimeError, match=rf"{re.escape(str(tmp_path))}.*\[2, 1\]"):
             ckpt.restore(ABSTRACT)
         assert ckpt.all_steps() == [1, 2]
     with new_checkpointer(tmp_path / "empty") as empty:
-        with pytest.raises(FileNotFoundError, match="no checkpoints to restore"):
+        with pytest.raises(FileNotFoundError, match=re.escape(str(tmp_path / "empty"))):
             empty.restore(ABSTRACT)
 
 
@@ -259,7 +255,7 @@ def test_wrong_target_is_not_mistaken_for_damage(tmp_path):
     save_steps(tmp_path, [1, 2])
     wrong = jax.eval_shape(lambda: make_state().replace(params={"w": jnp.zeros((4, 4))}))
     with new_checkpointer(tmp_path) as ckpt:
-        with pytest.raises(RuntimeError, match="check that abstract_state matches"):
+        with pytest.raises(RuntimeError, match="abstract_state"):
             ckpt.restore(wrong)
         assert ckpt.all_steps() == [1, 2]
 
@@ -304,121 +300,5 @@ def test_average_checkpoints_known_values(tmp_path):
 
 def test_average_checkpoints_needs_enough_steps(tmp_path):
     save_steps(tmp_path, [1, 2, 3])
-    with pytest.raises(ValueError, match=r"needs the last 5 checkpoints but .* has 3 \(steps \[1, 2, 3\]\)"):
+    with pytest.raises(ValueError, match=r"\b5\b.*\b3\b.*\[1, 2, 3\]"):
         average_checkpoints(str(tmp_path), ABSTRACT, last_n=5)
-
-
-# ---------------------------------------------------------------------------------------- workdir lock
-def _lock_file(workdir) -> dict:
-    with open(os.path.join(workdir, ".lock")) as f:
-        return json.load(f)
-
-
-def test_workdir_lock_writes_pid_and_releases(tmp_path):
-    with WorkdirLock(str(tmp_path)):
-        assert _lock_file(tmp_path)["pid"] == os.getpid()
-        with pytest.raises(RuntimeError, match=rf"pid {os.getpid()}"):  # a second run in this process too
-            WorkdirLock(str(tmp_path)).acquire()
-    assert not os.path.exists(tmp_path / ".lock")
-    with WorkdirLock(str(tmp_path / "sub"), enabled=False):  # e.g. process_index() != 0
-        assert not os.path.exists(tmp_path / "sub" / ".lock")
-
-
-def test_workdir_lock_refused_while_holder_is_alive(tmp_path):
-    holder = subprocess.Popen(["sleep", "30"])
-    try:
-        (tmp_path / ".lock").write_text(json.dumps({"pid": holder.pid, "hostname": os.uname().nodename}))
-        with pytest.raises(RuntimeError, match=rf"in use by another run: pid {holder.pid} .*alive"):
-            WorkdirLock(str(tmp_path)).acquire()
-    finally:
-        holder.kill()
-        holder.wait()
-    # Now the pid is dead: the lock is stale and taken over.
-    with WorkdirLock(str(tmp_path)):
-        assert _lock_file(tmp_path)["pid"] == os.getpid()
-
-
-def test_workdir_lock_flock_holder_then_kill_9(tmp_path, caplog):
-    # A child holds the flock but wrote a dead pid, so only the flock can refuse us. Then kill -9 it.
-    child_code = textwrap.dedent(
-        """
-        import fcntl, json, os, sys, time
-        fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.write(fd, json.dumps({"pid": os.getpid(), "hostname": os.uname().nodename}).encode())
-        print("locked", flush=True)
-        time.sleep(60)
-        """
-    )
-    child = subprocess.Popen(
-        [sys.executable, "-c", child_code, str(tmp_path / ".lock")], stdout=subprocess.PIPE
-    )
-    try:
-        assert child.stdout.readline().strip() == b"locked"
-        with pytest.raises(RuntimeError, match=rf"pid {child.pid} .*holds the lock"):
-            WorkdirLock(str(tmp_path)).acquire()
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait()
-    with caplog.at_level(logging.WARNING, logger=ckpt_lib.__name__):
-        with WorkdirLock(str(tmp_path)):
-            assert _lock_file(tmp_path)["pid"] == os.getpid()
-    assert any(f"dead pid {child.pid}" in r.getMessage() for r in caplog.records)
-
-
-def test_workdir_lock_takes_over_stale_lock(tmp_path, caplog):
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    (tmp_path / ".lock").write_text(json.dumps({"pid": dead.pid, "hostname": os.uname().nodename}))
-    with caplog.at_level(logging.WARNING, logger=ckpt_lib.__name__):
-        with WorkdirLock(str(tmp_path)):
-            assert _lock_file(tmp_path)["pid"] == os.getpid()
-    assert any("stale lock" in r.getMessage() and str(dead.pid) in r.getMessage() for r in caplog.records)
-
-
-# ------------------------------------------------------------------------------------------ preemption
-def test_preemption_guard_sigterm_sets_flag_and_restores_handlers():
-    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    with PreemptionGuard() as guard:
-        assert signal.getsignal(signal.SIGTERM) != before[signal.SIGTERM]
-        assert not guard.should_stop(1)
-        os.kill(os.getpid(), signal.SIGTERM)
-        assert guard.requested and guard.should_stop(2)
-    assert {s: signal.getsignal(s) for s in before} == before
-
-
-def test_preemption_guard_second_signal_reaches_previous_handler():
-    received = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
-    try:
-        with PreemptionGuard() as guard:
-            os.kill(os.getpid(), signal.SIGINT)
-            assert guard.should_stop(1) and received == []  # first Ctrl-C: only the flag
-            os.kill(os.getpid(), signal.SIGINT)
-            assert received == [signal.SIGINT]  # second Ctrl-C: the handler from before the guard
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def test_preemption_guard_check_every():
-    with PreemptionGuard(check_every=5) as guard:
-        os.kill(os.getpid(), signal.SIGTERM)
-        assert [s for s in range(1, 11) if guard.should_stop(s)] == [5, 10]
-    with pytest.raises(ValueError, match="check_every must be >= 1, got 0"):
-        PreemptionGuard(check_every=0)
-
-
-def test_preemption_guard_several_processes_agree(monkeypatch):
-    # Pretend to be one of 2 processes; the other one received the signal, this one did not.
-    gathered = []
-
-    def fake_allgather(local_flag):
-        gathered.append(int(local_flag))
-        return np.array([int(local_flag), 1])
-
-    monkeypatch.setattr(jax, "process_count", lambda: 2)
-    monkeypatch.setattr(ckpt_lib.multihost_utils, "process_allgather", fake_allgather)
-    with PreemptionGuard() as guard:
-        assert guard.check_every == 10
-        assert [s for s in range(1, 21) if guard.should_stop(s)] == [10, 20]
-    assert gathered == [0, 0]  # one collective per check step, carrying this process's (unset) flag

@@ -1,4 +1,4 @@
-"""Checkpoints: orbax manager, resume past damaged steps, averaging, a workdir lock, preemption handling.
+"""Checkpoints: orbax manager, resume past damaged steps, averaging.
 
 A checkpoint directory holds one sub-directory per step (``<directory>/<step>/``) with three orbax items:
 
@@ -13,21 +13,15 @@ for the reported numbers; :func:`average_checkpoints` does that. Keep ``max_to_k
 
 Robustness: a save killed mid-way (``kill -9``, preemption) leaves ``<step>.orbax-checkpoint-tmp*``
 directories; :class:`Checkpointer` deletes them on start. A damaged latest checkpoint (truncated files,
-missing metadata) is skipped with a warning and the previous step is used. :class:`WorkdirLock` stops two runs
-writing one workdir; :class:`PreemptionGuard` turns SIGTERM/SIGINT into "save and stop at the next step",
-agreed across hosts.
+missing metadata) is skipped with a warning and the previous step is used. (The workdir lock is in
+``workdir_lock.py``, the SIGTERM handling in ``preemption.py``.)
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import json
 import logging
 import os
 import shutil
-import signal
-import socket
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -147,10 +141,7 @@ class Checkpointer:
             if removed:
                 _log.warning(
                     "Removed %d unfinished checkpoint save(s) left by an interrupted run in %s: %s",
-                    len(removed),
-                    self.directory,
-                    ", ".join(removed),
-                )
+                    len(removed), self.directory, ", ".join(removed))
         if not read_only and jax.process_count() > 1:
             multihost_utils.sync_global_devices("transformer_jax.checkpoint.cleanup")
 
@@ -210,8 +201,7 @@ class Checkpointer:
             return False
         if step in self._manager.all_steps():
             _log.info(
-                "Checkpoint for step %d already exists in %s; not saving it again", step, self.directory
-            )
+                "Checkpoint for step %d already exists in %s; not saving it again", step, self.directory)
             return False
         args = ocp.args.Composite(
             **{
@@ -321,10 +311,7 @@ class Checkpointer:
             except Exception as e:
                 _log.warning(
                     "Checkpoint step %d in %s is damaged and was skipped (%s); trying an older step",
-                    candidate,
-                    self.directory,
-                    _short(e),
-                )
+                    candidate, self.directory, _short(e))
                 failed.append((candidate, e))
                 continue
             # Only once an older step worked: if all fail the cause is more likely the target than the files.
@@ -363,10 +350,7 @@ class Checkpointer:
                     ) from e
                 _log.warning(
                     "Config of checkpoint step %d in %s is damaged (%s); trying an older step",
-                    candidate,
-                    self.directory,
-                    _short(e),
-                )
+                    candidate, self.directory, _short(e))
                 errors.append(f"step {candidate}: {_short(e, 200)}")
         raise RuntimeError(f"no readable config in {self.directory}: {'; '.join(errors)}")
 
@@ -465,185 +449,3 @@ def average_checkpoints(
         manager.close()
     _log.info("Averaged parameters of steps %s from %s", chosen, directory)
     return jax.tree.map(lambda s, a: (s / last_n).astype(a.dtype), total, abstract_params)
-
-
-# --------------------------------------------------------------------------------------------- workdir lock
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by another user
-        return True
-    return True
-
-
-class WorkdirLock:
-    """Exclusive use of a workdir by one training run: ``with WorkdirLock(workdir): train(...)``.
-
-    Writes ``<workdir>/.lock`` holding ``{"pid", "hostname", "time"}`` and holds an ``fcntl.flock`` on it,
-    which the kernel drops when the process dies (even on ``kill -9``). A second run is refused with an error
-    naming the holder's pid while the flock is held, or while the file names a live pid on this host (a holder
-    that could not flock). A lock left by a dead process is taken over, with a log message. A holder on
-    another host whose flock is gone cannot be checked; that is refused too, naming the file to delete. In
-    multi-host training pass ``enabled=(jax.process_index() == 0)``.
-    """
-
-    FILENAME = ".lock"
-
-    def __init__(self, workdir: str, *, enabled: bool = True):
-        self.workdir = os.path.abspath(os.fspath(workdir))
-        self.path = os.path.join(self.workdir, self.FILENAME)
-        self.enabled = enabled
-        self._fd: int | None = None
-
-    def _read_holder(self, fd: int) -> dict:
-        os.lseek(fd, 0, os.SEEK_SET)
-        raw = os.read(fd, 4096).decode("utf-8", "replace").strip()
-        if not raw:
-            return {}
-        try:
-            holder = json.loads(raw)
-            return holder if isinstance(holder, dict) else {}
-        except json.JSONDecodeError:
-            return {"pid": int(raw)} if raw.isdigit() else {}
-
-    def _refuse(self, holder: dict, why: str) -> RuntimeError:
-        pid, host = holder.get("pid", "unknown"), holder.get("hostname", "unknown host")
-        return RuntimeError(
-            f"workdir {self.workdir} is in use by another run: pid {pid} on {host} ({why}). Stop that run "
-            f"or use another workdir; if you are sure it is gone, delete {self.path}"
-        )
-
-    def acquire(self) -> None:
-        if not self.enabled or self._fd is not None:
-            return
-        os.makedirs(self.workdir, exist_ok=True)
-        hostname = socket.gethostname()
-        for _ in range(10):  # retries only when the file is replaced under us (see the inode check)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = self._read_holder(fd)
-                os.close(fd)
-                raise self._refuse(holder, "it holds the lock") from None
-            # The holder may have unlinked the file between our open and flock: only the file at path counts.
-            try:
-                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
-            except FileNotFoundError:
-                same = False
-            if not same:
-                os.close(fd)
-                continue
-            holder = self._read_holder(fd)
-            pid = holder.get("pid")
-            if isinstance(pid, int) and pid != os.getpid():
-                if holder.get("hostname", hostname) != hostname:
-                    os.close(fd)
-                    raise self._refuse(holder, "on another host, so its liveness cannot be checked")
-                if _pid_alive(pid):
-                    os.close(fd)
-                    raise self._refuse(holder, "the process is alive")
-                _log.warning("Taking over stale lock %s left by dead pid %d on %s", self.path, pid, hostname)
-            record = json.dumps({"pid": os.getpid(), "hostname": hostname, "time": time.time()})
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, record.encode(), 0)
-            os.fsync(fd)
-            self._fd = fd
-            return
-        raise RuntimeError(f"could not lock {self.path}: the file kept being replaced by another process")
-
-    def release(self) -> None:
-        if self._fd is None:
-            return
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(
-                self.path
-            )  # while still holding the flock, so no one locks the doomed file and keeps it
-        fcntl.flock(self._fd, fcntl.LOCK_UN)
-        os.close(self._fd)
-        self._fd = None
-
-    def __enter__(self) -> WorkdirLock:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.release()
-
-
-# ------------------------------------------------------------------------------------------------ preemption
-class PreemptionGuard:
-    """Turns SIGTERM / SIGINT into a request to save and stop: ``with PreemptionGuard() as guard: ...``.
-
-    In the loop: ``if guard.should_stop(step): save(step, force=True); break``. The first signal only sets a
-    flag (and is logged); it also puts the previous handlers back, so a second Ctrl-C / SIGTERM acts as
-    without the guard (KeyboardInterrupt / termination) for a user who wants out now. On exit the previous
-    handlers return.
-
-    Several processes must stop at the same step, but a signal may reach only some hosts. With
-    ``jax.process_count() > 1`` the local flags are combined by ``process_allgather`` (any host asked -> all
-    stop) every ``check_every`` steps; between checks ``should_stop`` is False. That is one tiny collective
-    per check, so the default is 1 for a single process (no collective at all) and 10 for several. Every
-    process must call ``should_stop`` at every step. (JAX's own preemption service,
-    ``multihost_utils.reached_preemption_sync_point``, is an alternative once ``jax.distributed.initialize``
-    ran with it enabled.)
-
-    Signal handlers can only be installed from the main thread; elsewhere a warning is logged and the guard
-    never fires.
-    """
-
-    def __init__(
-        self, *, check_every: int | None = None, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)
-    ):
-        if check_every is None:
-            check_every = 1 if jax.process_count() == 1 else 10
-        if check_every < 1:
-            raise ValueError(f"check_every must be >= 1, got {check_every}")
-        self.check_every = check_every
-        self.signals = tuple(signals)
-        self._previous: dict[int, Any] = {}
-        self._requested: int | None = None  # the signal number received, if any
-
-    @property
-    def requested(self) -> bool:
-        """Whether this process received a signal (before any agreement with other processes)."""
-        return self._requested is not None
-
-    def _handle(self, signum, frame) -> None:
-        del frame
-        self._requested = signum
-        _log.warning(
-            "Received %s: will save a checkpoint and stop at the next step check. Send it again to quit now.",
-            signal.Signals(signum).name,
-        )
-        self._restore_handlers()
-
-    def _restore_handlers(self) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        self._previous = {}
-
-    def __enter__(self) -> PreemptionGuard:
-        try:
-            for signum in self.signals:
-                self._previous[signum] = signal.signal(signum, self._handle)
-        except ValueError:  # not the main thread
-            self._restore_handlers()
-            _log.warning("PreemptionGuard: not in the main thread, cannot install signal handlers")
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self._restore_handlers()
-
-    def should_stop(self, step: int) -> bool:
-        """True if the run should save and stop after ``step``; the same answer on every process."""
-        if jax.process_count() == 1 and self.check_every == 1:
-            return self.requested
-        if step % self.check_every != 0:
-            return False
-        if jax.process_count() == 1:
-            return self.requested
-        flags = multihost_utils.process_allgather(np.asarray(self.requested, dtype=np.int32))
-        return bool(np.any(flags))

@@ -1,0 +1,58 @@
+"""Tests for transformer_jax.preemption: SIGTERM / SIGINT become "save and stop", agreed across hosts."""
+
+import os
+import signal
+
+import jax
+import numpy as np
+import pytest
+
+from transformer_jax import preemption
+from transformer_jax.preemption import PreemptionGuard
+
+
+def test_preemption_guard_sigterm_sets_flag_and_restores_handlers():
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    with PreemptionGuard() as guard:
+        assert signal.getsignal(signal.SIGTERM) != before[signal.SIGTERM]
+        assert not guard.should_stop(1)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert guard.requested and guard.should_stop(2)
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_preemption_guard_second_signal_reaches_previous_handler():
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        with PreemptionGuard() as guard:
+            os.kill(os.getpid(), signal.SIGINT)
+            assert guard.should_stop(1) and received == []  # first Ctrl-C: only the flag
+            os.kill(os.getpid(), signal.SIGINT)
+            assert received == [signal.SIGINT]  # second Ctrl-C: the handler from before the guard
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_preemption_guard_check_every():
+    with PreemptionGuard(check_every=5) as guard:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert [s for s in range(1, 11) if guard.should_stop(s)] == [5, 10]
+    with pytest.raises(ValueError, match=r"check_every.*\b0\b"):
+        PreemptionGuard(check_every=0)
+
+
+def test_preemption_guard_several_processes_agree(monkeypatch):
+    # Pretend to be one of 2 processes; the other one received the signal, this one did not.
+    gathered = []
+
+    def fake_allgather(local_flag):
+        gathered.append(int(local_flag))
+        return np.array([int(local_flag), 1])
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(preemption.multihost_utils, "process_allgather", fake_allgather)
+    with PreemptionGuard() as guard:
+        assert guard.check_every == 10
+        assert [s for s in range(1, 21) if guard.should_stop(s)] == [10, 20]
+    assert gathered == [0, 0]  # one collective per check step, carrying this process's (unset) flag

@@ -1,0 +1,89 @@
+"""Preemption: SIGTERM / SIGINT become "save a checkpoint and stop at the next step", agreed across hosts."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+_log = logging.getLogger(__name__)
+
+
+class PreemptionGuard:
+    """Turns SIGTERM / SIGINT into a request to save and stop: ``with PreemptionGuard() as guard: ...``.
+
+    In the loop: ``if guard.should_stop(step): save(step, force=True); break``. The first signal only sets a
+    flag (and is logged); it also puts the previous handlers back, so a second Ctrl-C / SIGTERM acts as
+    without the guard (KeyboardInterrupt / termination) for a user who wants out now. On exit the previous
+    handlers return.
+
+    Several processes must stop at the same step, but a signal may reach only some hosts. With
+    ``jax.process_count() > 1`` the local flags are combined by ``process_allgather`` (any host asked -> all
+    stop) every ``check_every`` steps; between checks ``should_stop`` is False. That is one tiny collective
+    per check, so the default is 1 for a single process (no collective at all) and 10 for several. Every
+    process must call ``should_stop`` at every step. (JAX's own preemption service,
+    ``multihost_utils.reached_preemption_sync_point``, is an alternative once ``jax.distributed.initialize``
+    ran with it enabled.)
+
+    Signal handlers can only be installed from the main thread; elsewhere a warning is logged and the guard
+    never fires.
+    """
+
+    def __init__(
+        self, *, check_every: int | None = None, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)
+    ):
+        if check_every is None:
+            check_every = 1 if jax.process_count() == 1 else 10
+        if check_every < 1:
+            raise ValueError(f"check_every must be >= 1, got {check_every}")
+        self.check_every = check_every
+        self.signals = tuple(signals)
+        self._previous: dict[int, Any] = {}
+        self._requested: int | None = None  # the signal number received, if any
+
+    @property
+    def requested(self) -> bool:
+        """Whether this process received a signal (before any agreement with other processes)."""
+        return self._requested is not None
+
+    def _handle(self, signum, frame) -> None:
+        del frame
+        self._requested = signum
+        _log.warning(
+            "Received %s: will save a checkpoint and stop at the next step check. Send it again to quit now.",
+            signal.Signals(signum).name,
+        )
+        self._restore_handlers()
+
+    def _restore_handlers(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    def __enter__(self) -> PreemptionGuard:
+        try:
+            for signum in self.signals:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        except ValueError:  # not the main thread
+            self._restore_handlers()
+            _log.warning("PreemptionGuard: not in the main thread, cannot install signal handlers")
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._restore_handlers()
+
+    def should_stop(self, step: int) -> bool:
+        """True if the run should save and stop after ``step``; the same answer on every process."""
+        if jax.process_count() == 1 and self.check_every == 1:
+            return self.requested
+        if step % self.check_every != 0:
+            return False
+        if jax.process_count() == 1:
+            return self.requested
+        flags = multihost_utils.process_allgather(np.asarray(self.requested, dtype=np.int32))
+        return bool(np.any(flags))

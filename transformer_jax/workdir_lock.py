@@ -1,0 +1,118 @@
+"""The workdir lock: one training run per workdir at a time, released by the kernel even on kill -9."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import socket
+import time
+
+_log = logging.getLogger(__name__)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
+
+
+class WorkdirLock:
+    """Exclusive use of a workdir by one training run: ``with WorkdirLock(workdir): train(...)``.
+
+    Writes ``<workdir>/.lock`` holding ``{"pid", "hostname", "time"}`` and holds an ``fcntl.flock`` on it,
+    which the kernel drops when the process dies (even on ``kill -9``). A second run is refused with an error
+    naming the holder's pid while the flock is held, or while the file names a live pid on this host (a holder
+    that could not flock). A lock left by a dead process is taken over, with a log message. A holder on
+    another host whose flock is gone cannot be checked; that is refused too, naming the file to delete. In
+    multi-host training pass ``enabled=(jax.process_index() == 0)``.
+    """
+
+    FILENAME = ".lock"
+
+    def __init__(self, workdir: str, *, enabled: bool = True):
+        self.workdir = os.path.abspath(os.fspath(workdir))
+        self.path = os.path.join(self.workdir, self.FILENAME)
+        self.enabled = enabled
+        self._fd: int | None = None
+
+    def _read_holder(self, fd: int) -> dict:
+        os.lseek(fd, 0, os.SEEK_SET)
+        raw = os.read(fd, 4096).decode("utf-8", "replace").strip()
+        if not raw:
+            return {}
+        try:
+            holder = json.loads(raw)
+            return holder if isinstance(holder, dict) else {}
+        except json.JSONDecodeError:
+            return {"pid": int(raw)} if raw.isdigit() else {}
+
+    def _refuse(self, holder: dict, why: str) -> RuntimeError:
+        pid, host = holder.get("pid", "unknown"), holder.get("hostname", "unknown host")
+        return RuntimeError(
+            f"workdir {self.workdir} is in use by another run: pid {pid} on {host} ({why}). Stop that run "
+            f"or use another workdir; if you are sure it is gone, delete {self.path}"
+        )
+
+    def acquire(self) -> None:
+        if not self.enabled or self._fd is not None:
+            return
+        os.makedirs(self.workdir, exist_ok=True)
+        hostname = socket.gethostname()
+        for _ in range(10):  # retries only when the file is replaced under us (see the inode check)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = self._read_holder(fd)
+                os.close(fd)
+                raise self._refuse(holder, "it holds the lock") from None
+            # The holder may have unlinked the file between our open and flock: only the file at path counts.
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:
+                os.close(fd)
+                continue
+            holder = self._read_holder(fd)
+            pid = holder.get("pid")
+            if isinstance(pid, int) and pid != os.getpid():
+                if holder.get("hostname", hostname) != hostname:
+                    os.close(fd)
+                    raise self._refuse(holder, "on another host, so its liveness cannot be checked")
+                if _pid_alive(pid):
+                    os.close(fd)
+                    raise self._refuse(holder, "the process is alive")
+                _log.warning("Taking over stale lock %s left by dead pid %d on %s", self.path, pid, hostname)
+            record = json.dumps({"pid": os.getpid(), "hostname": hostname, "time": time.time()})
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, record.encode(), 0)
+            os.fsync(fd)
+            self._fd = fd
+            return
+        raise RuntimeError(f"could not lock {self.path}: the file kept being replaced by another process")
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(
+                self.path
+            )  # while still holding the flock, so no one locks the doomed file and keeps it
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+
+    def __enter__(self) -> WorkdirLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.release()
