@@ -10,6 +10,7 @@ import os
 import time
 
 import tqdm
+from tensorboardX import SummaryWriter
 
 
 class MetricWriter:
@@ -23,8 +24,6 @@ class MetricWriter:
         self.last_step = initial_step
         if not enabled:
             return
-        from tensorboardX import SummaryWriter
-
         self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")  # noqa: SIM115
         self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
         self._bar = tqdm.tqdm(total=total_steps, initial=initial_step, unit="step",
