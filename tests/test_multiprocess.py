@@ -12,33 +12,29 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Runs 3 data-parallel train steps; process_id -1 means "single process, whole batch" (the reference).
 WORKER = textwrap.dedent("""
-    import functools, sys
+    import sys
     import jax
     port, process_id, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     if process_id >= 0:
         jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
                                    process_id=process_id, initialization_timeout=60)
-    import flax.linen as nn, numpy as np, optax
+    import numpy as np, optax
     jax.config.update("jax_default_matmul_precision", "highest")
-    from transformer_jax import model as model_lib, sharding, train_lib
+    from transformer_jax import model as model_lib, sharding, steps, train_state
     cfg = model_lib.ModelConfig(vocab_size=31, d_model=16, d_ff=24, num_heads=2, num_encoder_layers=1,
                                 num_decoder_layers=1, dropout_rate=0.1, max_len=16)
     rules = (("batch", "data"),)
     tx = optax.adam(1e-2)
     mesh = sharding.make_mesh((-1, 1))
-    state, state_sharding = train_lib.create_train_state(cfg, tx, mesh, rules, seed=0)
-    step = jax.jit(functools.partial(train_lib.train_step, model=model_lib.Transformer(cfg), tx=tx,
-                                     label_smoothing=0.1),
-                   in_shardings=(state_sharding, sharding.batch_sharding(mesh)),
-                   out_shardings=(state_sharding, None), donate_argnums=0)
+    state, state_sharding = train_state.create_train_state(cfg, tx, mesh, rules, seed=0)
+    step = steps.make_train_step(cfg, tx, mesh, rules, state_sharding, label_smoothing=0.1)
     rng = np.random.default_rng(0)
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        for i in range(3):
-            batch = {"inputs": rng.integers(1, 31, size=(6, 7)).astype(np.int32),
-                     "targets": rng.integers(1, 31, size=(6, 5)).astype(np.int32)}
-            if process_id >= 0:  # each process feeds only its own rows
-                batch = {k: v[3 * process_id: 3 * process_id + 3] for k, v in batch.items()}
-            state, sums = step(state, sharding.global_batch(batch, mesh))
+    for i in range(3):
+        batch = {"inputs": rng.integers(1, 31, size=(6, 7)).astype(np.int32),
+                 "targets": rng.integers(1, 31, size=(6, 5)).astype(np.int32)}
+        if process_id >= 0:  # each process feeds only its own rows
+            batch = {k: v[3 * process_id: 3 * process_id + 3] for k, v in batch.items()}
+        state, sums = step(state, sharding.global_batch(batch, mesh))
     leaves = [np.asarray(x.addressable_data(0)) for x in jax.tree.leaves(state.params)]
     np.savez(out, *leaves, loss=np.asarray(sums["loss"].addressable_data(0)))
     print("devices", jax.device_count(), "processes", jax.process_count())

@@ -1,6 +1,6 @@
-"""Tests for the pure parts of train_lib: loss, schedule, train step, accumulation, sharding."""
+"""Tests for steps.py and train_state.py: loss, schedule, train step, accumulation, sharded step."""
 
-import functools
+import json
 import os
 import subprocess
 import sys
@@ -12,9 +12,9 @@ import numpy as np
 import optax
 import pytest
 
-from configs import default as default_config
 from transformer_jax import model as model_lib
-from transformer_jax import sharding, train_lib
+from transformer_jax import sharding, steps, train_lib, train_state
+from transformer_jax.special_ids import PAD_ID
 
 VOCAB, BATCH, SRC_LEN, TGT_LEN = 29, 6, 7, 5
 
@@ -28,7 +28,7 @@ def _reference_smoothed_ce(logits, targets, eps):
     q = np.full(logits.shape, eps / vocab)
     np.put_along_axis(q, np.asarray(targets)[..., None], 1 - eps + eps / vocab, axis=-1)
     per_token = -(q * logp).sum(-1)
-    weights = np.asarray(targets) != 0
+    weights = np.asarray(targets) != PAD_ID
     nll = -np.take_along_axis(logp, np.asarray(targets)[..., None], -1)[..., 0]
     return (per_token * weights).sum(), (nll * weights).sum(), weights.sum()
 
@@ -40,7 +40,7 @@ def test_label_smoothed_loss_matches_explicit_one_hot_reference():
     targets[0, 3:] = 0
     targets[2, 1:] = 0
     for eps in (0.0, 0.1, 0.3):
-        sums = train_lib.cross_entropy_sums(jnp.asarray(logits), jnp.asarray(targets), eps)
+        sums = steps.cross_entropy_sums(jnp.asarray(logits), jnp.asarray(targets), eps)
         loss, nll, count = _reference_smoothed_ce(logits, targets, eps)
         np.testing.assert_allclose(sums["loss"], loss, rtol=1e-5)
         np.testing.assert_allclose(sums["nll"], nll, rtol=1e-5)
@@ -51,13 +51,13 @@ def test_loss_ignores_padding_positions():
     rng = np.random.default_rng(1)
     logits = jnp.asarray(rng.normal(size=(1, 4, VOCAB)), jnp.float32)
     targets = jnp.array([[5, 6, 0, 0]])
-    a = train_lib.cross_entropy_sums(logits, targets, 0.1)
-    b = train_lib.cross_entropy_sums(logits.at[:, 2:].multiply(100.0), targets, 0.1)
+    a = steps.cross_entropy_sums(logits, targets, 0.1)
+    b = steps.cross_entropy_sums(logits.at[:, 2:].multiply(100.0), targets, 0.1)
     np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-6)
 
 
 def test_learning_rate_schedule_is_the_papers_formula():
-    schedule = train_lib.learning_rate_schedule(512, 4000)
+    schedule = train_state.learning_rate_schedule(512, 4000)
     for step in (1, 100, 4000, 10_000, 100_000):
         expected = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
         np.testing.assert_allclose(schedule(step - 1), expected, rtol=1e-5)
@@ -83,15 +83,22 @@ def _batch(seed=0, batch=BATCH):
 
 def _state(cfg, tx, seed=0):
     params = model_lib.init_params(cfg, rng=jax.random.key(seed))
-    return train_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                                opt_state=tx.init(params), rng=jax.random.PRNGKey(seed))
+    return train_state.TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                                  opt_state=tx.init(params), rng=jax.random.PRNGKey(seed))
+
+
+def _one_device_step(cfg, tx, grad_accum_steps=1):
+    """steps.make_train_step on a 1x1 mesh, with every array replicated."""
+    mesh = sharding.make_mesh((1, 1), jax.devices()[:1])
+    state_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return steps.make_train_step(cfg, tx, mesh, (), state_sharding, label_smoothing=0.1,
+                                 grad_accum_steps=grad_accum_steps)
 
 
 def test_train_step_reduces_loss_and_counts_steps():
     cfg = _tiny_model_config()
     tx = optax.adam(3e-3)
-    step = jax.jit(functools.partial(train_lib.train_step, model=model_lib.Transformer(cfg), tx=tx,
-                                     label_smoothing=0.1))
+    step = _one_device_step(cfg, tx)
     state, batch = _state(cfg, tx), _batch()
     first = None
     for _ in range(30):
@@ -99,7 +106,7 @@ def test_train_step_reduces_loss_and_counts_steps():
         first = first if first is not None else float(sums["loss"] / sums["num_tokens"])
     assert int(state.step) == 30
     assert float(sums["loss"] / sums["num_tokens"]) < 0.6 * first
-    assert int(sums["bad_step"]) == train_lib.NO_BAD_STEP
+    assert int(sums["bad_step"]) == steps.NO_BAD_STEP
 
 
 def test_gradient_accumulation_gives_the_same_update():
@@ -108,8 +115,7 @@ def test_gradient_accumulation_gives_the_same_update():
     batch = _batch(3)
     results = []
     for k in (1, 2, 3):
-        step = jax.jit(functools.partial(train_lib.train_step, model=model_lib.Transformer(cfg), tx=tx,
-                                         label_smoothing=0.1, grad_accum_steps=k))
+        step = _one_device_step(cfg, tx, grad_accum_steps=k)
         state, sums = step(_state(cfg, tx), batch)
         state, sums = step(state, batch)
         results.append((state.params, sums))
@@ -124,38 +130,42 @@ def test_non_finite_loss_reports_the_step():
     tx = optax.sgd(1.0)
     state = _state(cfg, tx)
     state = state.replace(params=jax.tree.map(lambda p: p * jnp.nan, state.params), step=jnp.int32(6))
-    _, sums = train_lib.train_step(state, _batch(), model=model_lib.Transformer(cfg), tx=tx,
-                                   label_smoothing=0.1)
+    _, sums = steps.train_step(state, _batch(), model=model_lib.Transformer(cfg), tx=tx,
+                               label_smoothing=0.1)
     assert int(sums["bad_step"]) == 7
-    with pytest.raises(FloatingPointError, match="step 7"):
-        class _Ckpt:
-            directory = "/tmp/ckpt"
 
-            def latest_step(self):
-                return 5
+    class _Ckpt:
+        directory = "/tmp/ckpt"
+
+        def latest_step(self):
+            return 5
+
+    with pytest.raises(FloatingPointError, match="step 7"):
         train_lib._check_and_summarize(sums, _Ckpt())
 
 
-def test_config_validation_fails_before_compiling():
-    config = default_config.get_config()
-    config.model.d_model = 130  # not divisible by 4 heads
-    with pytest.raises(ValueError, match="d_model=130 is not divisible by num_heads=4"):
-        train_lib.validate_config(config)
-    config = default_config.get_config()
-    config.train.label_smoothing = 1.5
-    with pytest.raises(ValueError, match="label_smoothing"):
-        train_lib.validate_config(config)
-    config = default_config.get_config()
-    config.sharding.logical_axis_rules = (("batch", "dataa"),)
-    with pytest.raises(ValueError, match="dataa"):
-        train_lib.validate_config(config)
+def test_accumulated_metrics_keep_the_first_bad_step_and_add_the_sums():
+    good = {"loss": jnp.float32(3.0), "nll": jnp.float32(2.0), "correct": jnp.float32(1.0),
+            "num_tokens": jnp.float32(5.0), "bad_step": jnp.int32(steps.NO_BAD_STEP)}
+    total = None
+    for bad_step in (steps.NO_BAD_STEP, 9, 4, steps.NO_BAD_STEP):
+        total = steps.accumulate_metrics(total, {**good, "bad_step": jnp.int32(bad_step)})
+    assert int(total["bad_step"]) == 4
+    summary = steps.summarize({k: v for k, v in total.items() if k != "bad_step"})
+    np.testing.assert_allclose([summary["loss"], summary["nll"], summary["accuracy"]],
+                               [12 / 20, 8 / 20, 4 / 20], rtol=1e-6)
+    np.testing.assert_allclose(summary["ppl"], np.exp(0.4), rtol=1e-6)
+    assert summary["num_tokens"] == 20
 
 
-def test_locked_config_rejects_typos():
-    config = default_config.get_config()
-    config.lock()
-    with pytest.raises(AttributeError):
-        config.train.num_stpes = 3
+def test_compiled_step_donates_the_state():
+    cfg = _tiny_model_config()
+    tx = optax.adam(1e-3)
+    state = _state(cfg, tx)
+    leaf = jax.tree.leaves(state.params)[0]
+    new_state, _ = _one_device_step(cfg, tx)(state, _batch())
+    assert leaf.is_deleted()  # the old buffers were handed to the new state
+    assert int(new_state.step) == 1
 
 
 def test_mesh_shape_resolution():
@@ -170,10 +180,10 @@ def test_mesh_shape_resolution():
 
 
 SHARDED_SCRIPT = textwrap.dedent("""
-    import functools, json, sys
-    import jax, jax.numpy as jnp, numpy as np, optax, flax.linen as nn
+    import json, sys
+    import jax, numpy as np, optax
     jax.config.update("jax_default_matmul_precision", "highest")
-    from transformer_jax import model as model_lib, sharding, train_lib
+    from transformer_jax import model as model_lib, sharding, steps, train_state
     assert jax.device_count() == 8, jax.devices()
     cfg = model_lib.ModelConfig(vocab_size=32, d_model=16, d_ff=24, num_heads=4, num_encoder_layers=1,
                                 num_decoder_layers=1, dropout_rate=0.0, max_len=16)
@@ -187,14 +197,10 @@ SHARDED_SCRIPT = textwrap.dedent("""
     for shape in [(1, 1), (8, 1), (4, 2), (2, 4)]:
         devices = jax.devices()[: shape[0] * shape[1]]
         mesh = sharding.make_mesh(shape, devices)
-        state, state_sharding = train_lib.create_train_state(cfg, tx, mesh, rules, seed=0)
-        step = jax.jit(functools.partial(train_lib.train_step, model=model_lib.Transformer(cfg), tx=tx,
-                                         label_smoothing=0.1),
-                       in_shardings=(state_sharding, sharding.batch_sharding(mesh)),
-                       out_shardings=(state_sharding, None), donate_argnums=0)
-        with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-            for _ in range(2):
-                state, sums = step(state, sharding.global_batch(batch, mesh))
+        state, state_sharding = train_state.create_train_state(cfg, tx, mesh, rules, seed=0)
+        step = steps.make_train_step(cfg, tx, mesh, rules, state_sharding, label_smoothing=0.1)
+        for _ in range(2):
+            state, sums = step(state, sharding.global_batch(batch, mesh))
         wq = state.params["decoder"]["layer_0"]["self_attention"]["query"]
         out[str(shape)] = {
             "loss": float(sums["loss"]),
@@ -210,8 +216,6 @@ def test_sharded_train_step_matches_one_device():
     proc = subprocess.run([sys.executable, "-c", SHARDED_SCRIPT], capture_output=True, text=True,
                           env=env, timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    import json
-
     results = json.loads(proc.stdout)
     reference = results.pop("(1, 1)")
     assert "None, 'model', None" in results["(2, 4)"]["query_sharding"]

@@ -1,0 +1,85 @@
+"""The training state and the optimizer of section 5.3: ``TrainState``, Adam with the warmup schedule.
+
+``create_train_state`` initializes the state directly into its shardings (from the logical axis rules);
+``abstract_train_state`` gives its shapes and dtypes alone, the target for restoring a checkpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from flax import struct
+
+from transformer_jax import sharding
+from transformer_jax.model import ModelConfig, Transformer
+
+
+@struct.dataclass
+class TrainState:
+    """Everything a step changes. ``rng`` is a raw uint32[2] key, so checkpoints store it as is."""
+
+    step: jax.Array  # int32[], optimizer steps taken
+    params: Any
+    opt_state: Any
+    rng: jax.Array  # uint32[2]; dropout uses fold_in(rng, step)
+
+
+def learning_rate_schedule(d_model: int, warmup_steps: int, scale: float = 1.0):
+    """lrate = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (equation 3), step from 1."""
+
+    def schedule(count):
+        step = jnp.asarray(count, jnp.float32) + 1.0
+        return scale * d_model**-0.5 * jnp.minimum(step**-0.5, step * warmup_steps**-1.5)
+
+    return schedule
+
+
+def make_optimizer(config: ml_collections.ConfigDict, d_model: int) -> optax.GradientTransformation:
+    """Adam with the paper's betas, epsilon and schedule; optional global-norm clipping."""
+    t = config.train
+    schedule = learning_rate_schedule(d_model, t.warmup_steps, t.learning_rate_scale)
+    adam = optax.adam(schedule, b1=t.adam_b1, b2=t.adam_b2, eps=t.adam_eps)
+    if t.max_grad_norm > 0:
+        return optax.chain(optax.clip_by_global_norm(t.max_grad_norm), adam)
+    return adam
+
+
+def _init_state_fn(model_config: ModelConfig, tx: optax.GradientTransformation):
+    """rng -> TrainState whose params (and Adam moments) carry their logical axis names (boxed)."""
+    model = Transformer(model_config.replace(deterministic=True, decode=False))
+
+    def init(rng):
+        params_rng, dropout_rng = jax.random.split(rng)
+        dummy = jnp.ones((1, 8), jnp.int32)
+        boxed = model.init(params_rng, dummy, dummy)["params"]
+        return TrainState(step=jnp.zeros((), jnp.int32), params=boxed, opt_state=tx.init(boxed),
+                          rng=dropout_rng)
+
+    return init
+
+
+def create_train_state(model_config: ModelConfig, tx: optax.GradientTransformation, mesh, rules, *,
+                       seed: int) -> tuple[TrainState, Any]:
+    """Initializes the TrainState directly into its shardings; returns (state, state_shardings)."""
+    init = _init_state_fn(model_config, tx)
+    rng = jax.random.PRNGKey(seed)
+    state_sharding = sharding.logical_to_sharding(jax.eval_shape(init, rng), mesh, rules)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        state = jax.jit(lambda r: nn.meta.unbox(init(r)), out_shardings=state_sharding)(rng)
+    return state, state_sharding
+
+
+def abstract_train_state(model_config: ModelConfig, tx: optax.GradientTransformation) -> TrainState:
+    """The TrainState's shapes and dtypes (no sharding: restores onto the default device)."""
+    init = _init_state_fn(model_config, tx)
+    return jax.eval_shape(lambda r: nn.meta.unbox(init(r)), jax.random.PRNGKey(0))
+
+
+def abstract_state(state: TrainState) -> Any:
+    """ShapeDtypeStructs with the shardings of ``state``: the restore target that keeps its layout."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
