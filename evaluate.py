@@ -10,18 +10,28 @@ import json
 
 from absl import app, flags
 
-from transformer_jax import evaluation
+from transformer_jax import evaluation, paper
 
 _WORKDIR = flags.DEFINE_string("workdir", "workdir", "A train.py workdir.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest good one).")
 _AVERAGE_LAST = flags.DEFINE_integer(
     "average_last", 0, "Average the last N checkpoints (paper: 5 base, 20 big).")
-_SPLIT = flags.DEFINE_enum("split", "test", ["dev", "test"], "Split of the run's data config.")
-_SOURCE_FILE = flags.DEFINE_string("source_file", None, "Score on this source file instead ...")
-_REFERENCE_FILE = flags.DEFINE_string("reference_file", None, "... against this line-aligned reference.")
-_BEAM_SIZE = flags.DEFINE_integer("beam_size", 4, "Beam size (paper: 4; 1 = greedy).")
-_ALPHA = flags.DEFINE_float("alpha", 0.6, "GNMT length penalty alpha (paper: 0.6).")
-_MAX_EXTRA_LEN = flags.DEFINE_integer("max_extra_len", 50, "Max output length = input length + this.")
+_SPLIT = flags.DEFINE_enum("split", "test", ["dev", "test"],
+                           "Split of the run's data config to score (test: newstest2014 for WMT).")
+_SOURCE_FILE = flags.DEFINE_string(
+    "source_file", None,
+    "Score this source file (one sentence a line) instead of --split; needs --reference_file. "
+    "Outputs are named test-/dev- for newstest2014/2013 files, files- otherwise.")
+_REFERENCE_FILE = flags.DEFINE_string(
+    "reference_file", None, "The references of --source_file, line-aligned with it.")
+_BEAM_SIZE = flags.DEFINE_integer(
+    "beam_size", paper.BEAM_SIZE, f"Beam size (paper: {paper.BEAM_SIZE}; 1 = greedy).")
+_ALPHA = flags.DEFINE_float(
+    "alpha", paper.LENGTH_PENALTY_ALPHA,
+    f"GNMT length penalty alpha (paper: {paper.LENGTH_PENALTY_ALPHA}).")
+_MAX_EXTRA_LEN = flags.DEFINE_integer(
+    "max_extra_len", paper.MAX_EXTRA_LEN,
+    f"Max output length = input length + this (paper: {paper.MAX_EXTRA_LEN}).")
 
 
 def main(argv):

@@ -6,6 +6,7 @@ Running it again on a workdir that holds checkpoints resumes. All logic is in tr
 
 import os
 
+import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -25,8 +26,6 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     if _MULTIPROCESS.value:
-        import jax
-
         jax.distributed.initialize()
     logging.set_verbosity(logging.WARNING)
     train_lib.train_and_evaluate(_CONFIG.value, _WORKDIR.value)

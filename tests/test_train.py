@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from tiny import config_with
 
-from transformer_jax import train_lib
+from transformer_jax import restore, run_config, train_lib
+from transformer_jax.checkpoint import Checkpointer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,18 +40,12 @@ def _flags(**overrides) -> list[str]:
 
 def _params(workdir, step):
     """Restores the parameters saved at ``step`` in ``workdir`` as a flat list of NumPy arrays."""
-    from transformer_jax import checkpoint as checkpoint_lib
-    from transformer_jax import data as data_lib
-
     config = tiny_config()
-    tokenizer = data_lib.load_or_train_tokenizer(config.data, str(workdir))
-    model_config = train_lib.model_config_from(config, tokenizer.vocab_size)
-    target = train_lib.abstract_train_state(model_config,
-                                            train_lib.make_optimizer(config, model_config.d_model))
-    ckpt = checkpoint_lib.Checkpointer(str(workdir / "checkpoints"), save_every_steps=None,
-                                       save_every_minutes=None, read_only=True)
-    state, data_state, _, restored = ckpt.restore(target, step)
-    ckpt.close()
+    tokenizer = restore.load_workdir_tokenizer(config, str(workdir))
+    target = restore.abstract_state_for(config, run_config.model_config_from(config, tokenizer.vocab_size))
+    with Checkpointer(restore.checkpoint_dir(str(workdir)), save_every_steps=None,
+                      save_every_minutes=None, read_only=True) as ckpt:
+        state, data_state, _, restored = ckpt.restore(target, step)
     assert restored == step
     return [np.asarray(x) for x in jax.tree.leaves(state.params)], data_state
 
@@ -92,12 +87,14 @@ def test_run_writes_metrics_tensorboard_checkpoints_and_final_report(uninterrupt
     assert any(f.endswith(".xplane.pb") for f in traces), traces
 
 
-def test_resume_continues_bitwise(tmp_path, uninterrupted):
+def test_resume_continues_bitwise(tmp_path, uninterrupted, capsys):
     workdir_full, _ = uninterrupted
     workdir = tmp_path / "resumed"
     train_lib.train_and_evaluate(tiny_config(**{"train.num_steps": 4, "final_eval_split": ""}),
                                  str(workdir))
+    capsys.readouterr()
     train_lib.train_and_evaluate(tiny_config(), str(workdir))
+    assert "Resuming from step 4" in capsys.readouterr().out  # not a fresh run with the same seed
     resumed, data_resumed = _params(workdir, 6)
     full, data_full = _params(workdir_full, 6)
     assert data_resumed == data_full

@@ -1,42 +1,40 @@
 """Scoring a model on a split: per-subword perplexity, translations and BLEU (both protocols).
 
-Shared by the training loop (periodic dev metrics, the final test report) and ``evaluate.py``.
+Every function takes what it scores explicitly: parameters, the ModelConfig, the tokenizer, the batches
+(``data.EvalBatch``) and the decoding settings (the paper's by default: ``paper.BEAM_SIZE``,
+``paper.LENGTH_PENALTY_ALPHA``, ``paper.MAX_EXTRA_LEN``). Used by the training loop (periodic dev
+metrics, the final report) and by ``evaluate.py`` (``evaluate_workdir``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
+import json
+import os
 from typing import Any
 
-import jax
 import numpy as np
 
-from transformer_jax import bleu, decode
-from transformer_jax.model import ModelConfig, Transformer
-
-
-@functools.lru_cache(maxsize=8)
-def _eval_fn(model_config: ModelConfig, label_smoothing: float):
-    from transformer_jax.train_lib import eval_step
-
-    model = Transformer(model_config.replace(deterministic=True, decode=False))
-    return jax.jit(functools.partial(eval_step, model=model, label_smoothing=label_smoothing))
+from transformer_jax import bleu, decode, paper, report, steps
+from transformer_jax import data as data_lib
+from transformer_jax.checkpoint import Checkpointer, average_checkpoints
+from transformer_jax.model import ModelConfig
+from transformer_jax.restore import Restored, restore_workdir  # noqa: F401 (re-exported for inspect)
 
 
 def perplexity(params, model_config: ModelConfig, batches, *, label_smoothing: float = 0.0) -> dict:
     """Per-token (per-subword) loss, NLL, accuracy and perplexity of the references in ``batches``.
 
     Args:
+      params: the model parameters.
+      model_config: the model (evaluated deterministically).
       batches: ``data.EvalBatch`` items with int32[B, S] ``inputs`` and int32[B, T] ``targets``.
+      label_smoothing: eps_ls for the reported ``loss``; ``nll`` and ``ppl`` never smooth.
     """
-    from transformer_jax.train_lib import accumulate_metrics, summarize
-
-    fn = _eval_fn(model_config, float(label_smoothing))
+    fn = steps.make_eval_step(model_config, float(label_smoothing))
     sums = None
     for b in batches:
-        sums = accumulate_metrics(sums, fn(params, {"inputs": b.inputs, "targets": b.targets}))
-    return summarize(sums)
+        sums = steps.accumulate_metrics(sums, fn(params, {"inputs": b.inputs, "targets": b.targets}))
+    return steps.summarize(sums)
 
 
 def _in_split_order(batches, per_batch_items) -> list:
@@ -46,11 +44,13 @@ def _in_split_order(batches, per_batch_items) -> list:
     return [item for _, item in sorted(indexed, key=lambda pair: pair[0])]
 
 
-def translate(params, model_config: ModelConfig, tokenizer, batches, *, beam_size: int = 4,
-              alpha: float = 0.6, max_extra_len: int = 50) -> list[str]:
+def translate(params, model_config: ModelConfig, tokenizer, batches, *,
+              beam_size: int = paper.BEAM_SIZE, alpha: float = paper.LENGTH_PENALTY_ALPHA,
+              max_extra_len: int = paper.MAX_EXTRA_LEN) -> list[str]:
     """Detokenized translations of every real row of ``batches``, in the split's line order.
 
     ``beam_size=1`` is greedy search; otherwise beam search with the GNMT length penalty ``alpha``.
+    Outputs are at most (input length + ``max_extra_len``) tokens long.
     """
     per_batch = []
     for b in batches:
@@ -70,7 +70,8 @@ def references_and_sources(batches) -> tuple[list[str], list[str]]:
 
 
 def translate_and_score(params, model_config: ModelConfig, tokenizer, batches, *,
-                        beam_size: int = 4, alpha: float = 0.6, max_extra_len: int = 50,
+                        beam_size: int = paper.BEAM_SIZE, alpha: float = paper.LENGTH_PENALTY_ALPHA,
+                        max_extra_len: int = paper.MAX_EXTRA_LEN,
                         target_lang: str = "de") -> dict[str, Any]:
     """Translations plus sacreBLEU and the paper's tokenized compound-split BLEU."""
     hypotheses = translate(params, model_config, tokenizer, batches, beam_size=beam_size,
@@ -83,92 +84,65 @@ def translate_and_score(params, model_config: ModelConfig, tokenizer, batches, *
             "references": references, "sources": sources}
 
 
-def final_report(trainer, config) -> dict[str, Any]:
-    """The end-of-training evaluation on ``config.final_eval_split`` with the paper's beam settings.
+def final_report(params, model_config: ModelConfig, tokenizer, data_config, *, split: str,
+                 beam_size: int = paper.BEAM_SIZE, alpha: float = paper.LENGTH_PENALTY_ALPHA,
+                 max_extra_len: int = paper.MAX_EXTRA_LEN) -> dict[str, Any]:
+    """The end-of-training evaluation on ``split`` of ``data_config``: PPL, sacreBLEU, tokenized BLEU.
 
     For the synthetic task it also scores the two baselines (copy the source; word-by-word lexicon)
-    so the printed BLEU has a yardstick.
+    so the printed BLEU has a yardstick. Prints the first three translations.
     """
-    from transformer_jax import data as data_lib
-
-    split = config.final_eval_split
-    batches = data_lib.make_eval_batches(config.data, trainer.tokenizer, split)
-    ppl = perplexity(trainer.state.params, trainer.model_config, batches)
-    scores = translate_and_score(
-        trainer.state.params, trainer.model_config, trainer.tokenizer, batches,
-        beam_size=config.final_beam_size, alpha=config.final_alpha,
-        target_lang=getattr(config.data, "tgt_lang", "de"))
-    report = {f"{split}_ppl": ppl["ppl"], f"{split}_sacrebleu": scores["sacrebleu"],
-              f"{split}_tokenized_bleu": scores["tokenized_bleu"],
-              "sacrebleu_signature": scores["sacrebleu_signature"]}
-    if config.data.source == "synthetic":
+    batches = data_lib.make_eval_batches(data_config, tokenizer, split)
+    ppl = perplexity(params, model_config, batches)
+    scores = translate_and_score(params, model_config, tokenizer, batches, beam_size=beam_size,
+                                 alpha=alpha, max_extra_len=max_extra_len,
+                                 target_lang=data_config.tgt_lang)
+    results = {f"{split}_ppl": ppl["ppl"], f"{split}_sacrebleu": scores["sacrebleu"],
+               f"{split}_tokenized_bleu": scores["tokenized_bleu"],
+               "sacrebleu_signature": scores["sacrebleu_signature"]}
+    if data_config.source == "synthetic":
         pairs = list(zip(scores["sources"], scores["references"], strict=True))
         for name, baseline in (("copy", data_lib.copy_baseline(pairs)),
-                               ("lexicon", data_lib.lexicon_baseline(pairs, config.data.synthetic_seed))):
-            report[f"{split}_sacrebleu_{name}_baseline"] = bleu.sacrebleu_score(
+                               ("lexicon", data_lib.lexicon_baseline(pairs, data_config.synthetic_seed))):
+            results[f"{split}_sacrebleu_{name}_baseline"] = bleu.sacrebleu_score(
                 baseline, scores["references"]).score
     for source, hypothesis, reference in list(zip(
             scores["sources"], scores["hypotheses"], scores["references"], strict=True))[:3]:
         print(f"  source:     {source}\n  hypothesis: {hypothesis}\n  reference:  {reference}")
-    return report
+    return results
 
 
-@dataclasses.dataclass(frozen=True)
-class Restored:
-    """A trained model read back from a ``train.py`` workdir.
-
-    Attributes:
-      config: the run's ml_collections config.
-      tokenizer: the run's SentencePiece tokenizer.
-      model_config: the run's ModelConfig.
-      params: the parameters.
-      step: the checkpoint step.
-      checkpoint_dir: where the checkpoints are (for averaging).
-      abstract_state: the restore target (shapes and dtypes of the whole TrainState).
-    """
-
-    config: Any
-    tokenizer: Any
-    model_config: ModelConfig
-    params: Any
-    step: int
-    checkpoint_dir: str
-    abstract_state: Any
+def averaged_params(restored: Restored, average_last: int):
+    """The mean parameters of the ``average_last`` checkpoints ending at ``restored.step``."""
+    with Checkpointer(restored.checkpoint_dir, save_every_steps=None, save_every_minutes=None,
+                      read_only=True) as ckpt:
+        available = [s for s in ckpt.all_steps() if s <= restored.step]
+    if len(available) < average_last:
+        raise ValueError(f"--average_last={average_last} needs {average_last} checkpoints up to step "
+                         f"{restored.step} in {restored.checkpoint_dir}; found {len(available)}: "
+                         f"{available}")
+    return average_checkpoints(restored.checkpoint_dir, restored.abstract_state, average_last,
+                               steps=available[-average_last:])
 
 
-def restore_workdir(workdir: str, step: int | None = None) -> Restored:
-    """Reads the config, tokenizer and parameters of ``workdir`` (by default its latest good step)."""
-    import os
-
-    import ml_collections
-
-    from transformer_jax import checkpoint as checkpoint_lib
-    from transformer_jax import data as data_lib
-    from transformer_jax import train_lib
-
-    ckpt = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"), save_every_steps=None,
-                                       save_every_minutes=None, read_only=True)
-    try:
-        if ckpt.latest_step() is None:
-            raise FileNotFoundError(f"no checkpoint in {ckpt.directory}; train first with train.py")
-        config = ml_collections.ConfigDict(ckpt.restore_config(step))
-        if not os.path.isdir(os.path.join(workdir, "tokenizer")):
-            raise FileNotFoundError(f"no tokenizer in {workdir}/tokenizer; is {workdir} a train.py workdir?")
-        tokenizer = data_lib.load_or_train_tokenizer(config.data, workdir)
-        model_config = train_lib.model_config_from(config, tokenizer.vocab_size)
-        target = train_lib.abstract_train_state(
-            model_config, train_lib.make_optimizer(config, model_config.d_model))
-        state, _, _, restored_step = ckpt.restore(target, step)
-        return Restored(config, tokenizer, model_config, state.params, int(restored_step),
-                        ckpt.directory, target)
-    finally:
-        ckpt.close()
+def _split_batches(data_config, tokenizer, split: str, source_file: str | None,
+                   reference_file: str | None) -> tuple[str, list]:
+    """(split name, batches): the run's ``split``, or the given file pair (named after newstest)."""
+    if not (source_file or reference_file):
+        return split, data_lib.make_eval_batches(data_config, tokenizer, split)
+    if not (source_file and reference_file):
+        raise ValueError("--source_file and --reference_file go together; got only one")
+    pairs = data_lib.read_parallel(source_file, reference_file)
+    name = os.path.basename(source_file)
+    split = "test" if "newstest2014" in name else "dev" if "newstest2013" in name else "files"
+    return split, data_lib.make_eval_batches(data_config, tokenizer, split, pairs=pairs)
 
 
 def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int = 0,
                      split: str = "test", source_file: str | None = None,
-                     reference_file: str | None = None, beam_size: int = 4, alpha: float = 0.6,
-                     max_extra_len: int = 50) -> dict[str, Any]:
+                     reference_file: str | None = None, beam_size: int = paper.BEAM_SIZE,
+                     alpha: float = paper.LENGTH_PENALTY_ALPHA,
+                     max_extra_len: int = paper.MAX_EXTRA_LEN) -> dict[str, Any]:
     """Restores a training workdir and scores it: PPL, sacreBLEU, tokenized BLEU, paper table.
 
     Writes the translations to ``<workdir>/eval/<split>-<step>.txt`` and the numbers to
@@ -180,36 +154,12 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
       average_last: average the parameters of the last N checkpoints (ending at ``step``) first.
       split: "dev" or "test" of the run's data config; ignored when files are given.
       source_file, reference_file: score on these line-aligned files instead.
+      beam_size, alpha, max_extra_len: decoding settings (see ``translate``).
     """
-    import json
-    import os
-
-    from transformer_jax import checkpoint as checkpoint_lib
-    from transformer_jax import data as data_lib
-    from transformer_jax import report
-
     restored = restore_workdir(workdir, step)
     config, tokenizer, model_config = restored.config, restored.tokenizer, restored.model_config
-    params = restored.params
-    if average_last > 1:
-        steps = [s for s in checkpoint_lib.Checkpointer(
-            restored.checkpoint_dir, save_every_steps=None, save_every_minutes=None,
-            read_only=True).all_steps() if s <= restored.step]
-        if len(steps) < average_last:
-            raise ValueError(f"--average_last={average_last} needs {average_last} checkpoints up to step "
-                             f"{restored.step} in {restored.checkpoint_dir}; found {len(steps)}: {steps}")
-        params = checkpoint_lib.average_checkpoints(restored.checkpoint_dir, restored.abstract_state,
-                                                    average_last, steps=steps[-average_last:])
-
-    if source_file or reference_file:
-        if not (source_file and reference_file):
-            raise ValueError("--source_file and --reference_file go together; got only one")
-        pairs = data_lib.read_parallel(source_file, reference_file)
-        name = os.path.basename(source_file)
-        split = "test" if "newstest2014" in name else "dev" if "newstest2013" in name else "files"
-        batches = data_lib.make_eval_batches(config.data, tokenizer, split, pairs=pairs)
-    else:
-        batches = data_lib.make_eval_batches(config.data, tokenizer, split)
+    params = averaged_params(restored, average_last) if average_last > 1 else restored.params
+    split, batches = _split_batches(config.data, tokenizer, split, source_file, reference_file)
     ppl = perplexity(params, model_config, batches)
     scores = translate_and_score(params, model_config, tokenizer, batches, beam_size=beam_size,
                                  alpha=alpha, max_extra_len=max_extra_len,

@@ -1,0 +1,167 @@
+"""Tests for evaluation.py and restore.py: perplexity, translation order, restoring and scoring a workdir."""
+
+import json
+import os
+import re
+
+import jax
+import numpy as np
+import pytest
+from tiny import config_with
+
+from transformer_jax import data as data_lib
+from transformer_jax import decode, evaluation, restore, run_config, sharding, train_state
+from transformer_jax import model as model_lib
+from transformer_jax.checkpoint import Checkpointer
+from transformer_jax.special_ids import PAD_ID
+
+VOCAB = 23
+
+
+def _model_config():
+    return model_lib.ModelConfig(vocab_size=VOCAB, d_model=12, d_ff=20, num_heads=3, num_encoder_layers=1,
+                                 num_decoder_layers=1, dropout_rate=0.0, max_len=32)
+
+
+def _batch(rng, rows, src_len, tgt_len, num_real, first_index):
+    inputs = rng.integers(4, VOCAB, size=(rows, src_len)).astype(np.int32)
+    targets = rng.integers(4, VOCAB, size=(rows, tgt_len)).astype(np.int32)
+    inputs[0, src_len - 2:] = PAD_ID
+    targets[0, tgt_len - 3:] = PAD_ID
+    inputs[num_real:] = PAD_ID
+    targets[num_real:] = PAD_ID
+    indices = np.arange(first_index, first_index + num_real)
+    return data_lib.EvalBatch(inputs, targets, [f"s{i}" for i in indices], [f"t{i}" for i in indices],
+                              indices, num_real)
+
+
+def _batches():
+    """Two batches whose rows, as the bucketing would, are out of split order: 5, 6, 7 then 0, 1, 2, 3, 4."""
+    rng = np.random.default_rng(0)
+    return [_batch(rng, 5, 7, 5, 3, 5), _batch(rng, 5, 3, 9, 5, 0)]
+
+
+def _reference_nll(params, cfg, batches):
+    """Sum of -log p(target) over non-pad targets, from the model's logits and a NumPy log-softmax."""
+    model = model_lib.Transformer(cfg.replace(deterministic=True))
+    total, count = 0.0, 0
+    for b in batches:
+        logits = np.asarray(model.apply({"params": params}, b.inputs, b.targets), np.float64)
+        logp = logits - logits.max(-1, keepdims=True)
+        logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+        nll = -np.take_along_axis(logp, b.targets[..., None], -1)[..., 0]
+        mask = b.targets != PAD_ID
+        total, count = total + nll[mask].sum(), count + mask.sum()
+    return total, count
+
+
+def test_perplexity_is_the_exponent_of_the_mean_token_nll():
+    cfg, batches = _model_config(), _batches()
+    params = model_lib.init_params(cfg, rng=jax.random.key(1))
+    result = evaluation.perplexity(params, cfg, batches)
+    total, count = _reference_nll(params, cfg, batches)
+    assert result["num_tokens"] == count == 3 * 5 - 3 + 5 * 9 - 3
+    np.testing.assert_allclose(result["nll"], total / count, rtol=1e-5)
+    np.testing.assert_allclose(result["ppl"], np.exp(total / count), rtol=1e-5)
+    np.testing.assert_allclose(result["loss"], result["nll"], rtol=1e-6)  # no smoothing asked
+
+
+class _DigitsTokenizer:
+    """Decodes a row of ids to the ids themselves, so a test can see which row went where."""
+
+    def decode_batch(self, ids_2d):
+        return [" ".join(str(int(i)) for i in row) for row in ids_2d]
+
+
+def test_translate_is_greedy_search_of_the_real_rows_in_split_order():
+    cfg, batches = _model_config(), _batches()
+    params = model_lib.init_params(cfg, rng=jax.random.key(2))
+    got = evaluation.translate(params, cfg, _DigitsTokenizer(), batches, beam_size=1, max_extra_len=4)
+    assert len(got) == 8  # padding rows are not translated
+    expected = {}
+    for b in batches:
+        tokens = np.asarray(decode.greedy_search(params, cfg, b.inputs, max_extra_len=4))
+        for i, row in zip(b.indices, _DigitsTokenizer().decode_batch(tokens[: b.num_real]), strict=True):
+            expected[int(i)] = row
+    assert got == [expected[i] for i in range(8)]
+    references, sources = evaluation.references_and_sources(batches)
+    assert references == [f"t{i}" for i in range(8)] and sources == [f"s{i}" for i in range(8)]
+
+
+TINY = {
+    "data.synthetic_train_size": 300, "data.synthetic_dev_size": 7, "data.synthetic_test_size": 5,
+    "data.vocab_size": 120, "data.tokens_per_batch": 512,
+    "model.d_model": 12, "model.d_ff": 20, "model.num_heads": 3,
+    "model.num_encoder_layers": 1, "model.num_decoder_layers": 1,
+}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A train.py-shaped workdir without training: a tokenizer and checkpoints 1, 2, 3 of the initial
+    state, each parameter scaled by its step, so their average is known."""
+    workdir = str(tmp_path_factory.mktemp("workdir"))
+    config = config_with(TINY)
+    tokenizer = data_lib.load_or_train_tokenizer(config.data, workdir)
+    model_config = run_config.model_config_from(config, tokenizer.vocab_size)
+    mesh = sharding.make_mesh((1, 1), jax.devices()[:1])
+    state, _ = train_state.create_train_state(
+        model_config, train_state.make_optimizer(config, model_config.d_model), mesh, (), seed=0)
+    saved = {}
+    with Checkpointer(restore.checkpoint_dir(workdir), save_every_steps=None,
+                      save_every_minutes=None) as ckpt:
+        for step in (1, 2, 3):
+            scaled = state.replace(step=state.step + step,
+                                   params=jax.tree.map(lambda p, s=step: p * s, state.params))
+            saved[step] = jax.tree.map(np.asarray, scaled.params)
+            ckpt.save(step, scaled, data_state={}, config=json.loads(config.to_json_best_effort()),
+                      force=True)
+    return workdir, saved
+
+
+def _assert_params_equal(actual, expected, rtol=0.0):
+    for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_allclose(np.asarray(a), e, rtol=rtol, atol=1e-7)
+
+
+def test_restore_workdir_reads_config_tokenizer_and_the_requested_step(workdir):
+    path, saved = workdir
+    latest = restore.restore_workdir(path)
+    assert latest.step == 3 and latest.config.model.d_model == 12
+    assert latest.model_config.vocab_size == latest.tokenizer.vocab_size
+    _assert_params_equal(latest.params, saved[3])
+    _assert_params_equal(restore.restore_workdir(path, step=2).params, saved[2])
+    assert evaluation.restore_workdir is restore.restore_workdir  # inspect imports it from evaluation
+
+
+def test_restore_workdir_names_what_is_missing(tmp_path, workdir):
+    with pytest.raises(FileNotFoundError, match=re.escape(str(tmp_path))):
+        restore.restore_workdir(str(tmp_path))
+    os.makedirs(tmp_path / "checkpoints")
+    with pytest.raises(FileNotFoundError, match=re.escape(str(tmp_path / "checkpoints"))):
+        restore.restore_workdir(str(tmp_path))
+
+
+def test_averaged_params_are_the_mean_of_the_last_n_up_to_the_step(workdir):
+    path, saved = workdir
+    restored = restore.restore_workdir(path, step=2)
+    _assert_params_equal(evaluation.averaged_params(restored, 2),
+                         jax.tree.map(lambda a, b: (a + b) / 2, saved[1], saved[2]), rtol=1e-6)
+    with pytest.raises(ValueError, match=r"average_last=3.*step 2.*\[1, 2\]"):
+        evaluation.averaged_params(restored, 3)
+
+
+def test_evaluate_workdir_writes_translations_and_numbers(workdir):
+    path, _ = workdir
+    results = evaluation.evaluate_workdir(path, split="dev", beam_size=2, max_extra_len=3)
+    txt, js = results["outputs"]
+    assert (txt, js) == (os.path.join(path, "eval", "dev-3.txt"), os.path.join(path, "eval", "dev-3.json"))
+    with open(txt) as f:
+        assert len(f.read().splitlines()) == 7 == results["num_sentences"]
+    with open(js) as f:
+        written = json.load(f)
+    assert (written["split"], written["step"], written["beam_size"]) == ("dev", 3, 2)
+    assert np.isfinite(written["ppl"]) and written["ppl"] > 1
+    assert 0 <= written["sacrebleu"] <= 100 and "table" in results
+    with pytest.raises(ValueError, match="reference_file"):
+        evaluation.evaluate_workdir(path, source_file=txt)
