@@ -1,0 +1,65 @@
+"""Errors a user can fix, and how entry points show them.
+
+``UserError``: a problem the user can fix (a config field, a flag, a data file, a workdir, a
+checkpoint). Entry points print its message in one or two lines, with no traceback, and exit 1; a
+real bug (any other exception) still shows its traceback. ``TRANSFORMER_JAX_TRACEBACK=1`` in the
+environment shows the full traceback for user errors too.
+
+The subclasses also derive from the built-in exception a library caller would expect, so
+``except ValueError`` / ``except FileNotFoundError`` keep working.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from absl import app
+
+TRACEBACK_ENV = "TRANSFORMER_JAX_TRACEBACK"
+
+
+class UserError(Exception):
+    """A problem the user can fix; entry points print its message in one or two lines, no traceback."""
+
+
+class ConfigError(UserError, ValueError):
+    """A config field or command-line flag has a bad value; the message names the field or flag."""
+
+
+class DataError(UserError, ValueError):
+    """A data file is malformed; the message names the file (and the line)."""
+
+
+class MissingFileError(UserError, FileNotFoundError):
+    """A file or directory the run needs does not exist; the message names it."""
+
+
+def show_tracebacks() -> bool:
+    """True when ``TRANSFORMER_JAX_TRACEBACK`` is set to anything but "", "0" or "false"."""
+    return os.environ.get(TRACEBACK_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def short_errors(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
+    """``main`` with a ``UserError`` shown as ``error: <message>`` on stderr and exit status 1."""
+
+    def wrapped(argv: list[str]) -> Any:
+        try:
+            return main(argv)
+        except UserError as e:
+            if show_tracebacks():
+                raise
+            message = str(e).strip() or type(e).__name__
+            print(f"error: {message}", file=sys.stderr)
+            print(f"(set {TRACEBACK_ENV}=1 for the traceback)", file=sys.stderr)
+            sys.exit(1)
+
+    wrapped.__doc__ = main.__doc__
+    return wrapped
+
+
+def run_main(main: Callable[[list[str]], Any]) -> None:
+    """``absl.app.run(main)`` where user errors print one or two lines and exit 1 (see module doc)."""
+    app.run(short_errors(main))
