@@ -82,11 +82,13 @@ def test_text_source_skips_and_counts_empty_lines(tmp_path, caplog):
     _write(tmp_path / "train.en", ["a", "", "c", "d", "  \u00a0", "f", "g"])
     _write(tmp_path / "train.de", ["A", "B", "", "D", "E", "F", "\t"])
     source = _text_source(tmp_path)
-    with caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.WARNING):  # train.py shows warnings and hides info
         pairs = source.pairs("train")
     assert pairs == [("a", "A"), ("d", "D"), ("f", "F")]
     assert source.num_skipped == {"train": 4}
-    assert "skipped 4 pairs" in caplog.text
+    assert source.line_numbers == {"train": [1, 4, 6]}
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    assert "skipped 4 of 7 pairs with an empty side (lines 2, 3, 5, 7)" in caplog.text
 
 
 def test_read_parallel_any_two_files(tmp_path):

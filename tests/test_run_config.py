@@ -1,9 +1,12 @@
 """Tests for run_config.py: a whole run config is checked up front, and config.model builds the model."""
 
+import os
+
 import pytest
 
 from configs import default as default_config
-from transformer_jax import run_config
+from transformer_jax import run_config, train_lib
+from transformer_jax.errors import ConfigError, MissingFileError, UserError
 
 
 def test_model_config_from_takes_every_field_of_config_model():
@@ -29,10 +32,87 @@ def test_default_config_is_valid():
     ("log_every_steps", 0, r"log_every_steps.*0"),
     ("eval_every_steps", -1, r"eval_every_steps.*-1"),
     ("sharding.logical_axis_rules", (("batch", "dataa"),), "dataa"),
+    # Issue 12 section 5: accepted before, failed late or never.
+    ("train.learning_rate_scale", -1.0, r"config\.train\.learning_rate_scale=-1\.0: expected .*\(0, inf\]"),
+    ("train.learning_rate_scale", 0.0, r"config\.train\.learning_rate_scale=0\.0"),
+    ("train.adam_b2", 1.0, r"config\.train\.adam_b2=1\.0: expected .*\[0, 1\)"),
+    ("train.adam_eps", 0.0, r"config\.train\.adam_eps=0\.0"),
+    ("train.max_grad_norm", -1.0, r"config\.train\.max_grad_norm=-1\.0"),
+    ("eval_bleu_examples", -3, r"config\.eval_bleu_examples=-3: expected an integer >= 0"),
+    ("checkpoint_keep", 0, r"config\.checkpoint_keep=0: expected an integer >= 1"),
+    ("checkpoint_every_minutes", -1.0, r"config\.checkpoint_every_minutes=-1\.0"),
+    ("final_beam_size", 0, r"config\.final_beam_size=0: expected an integer >= 1"),
+    ("final_alpha", -0.5, r"config\.final_alpha=-0\.5"),
+    ("final_max_extra_len", -1, r"config\.final_max_extra_len=-1"),
+    ("seed", -7, r"config\.seed=-7"),
+    ("profile_num_steps", 0, r"config\.profile_num_steps=0"),
+    ("dev_bleu_protocol", "bleu", r"config\.dev_bleu_protocol='bleu': expected one of 'sacrebleu'"),
+    ("sharding.mesh_shape", (0, 1), r"config\.sharding\.mesh_shape=\(0, 1\)"),
+    ("sharding.mesh_shape", (-1, -1), r"config\.sharding\.mesh_shape=\(-1, -1\)"),
+    ("sharding.mesh_shape", (-1, 1, 1), r"config\.sharding\.mesh_shape=\(-1, 1, 1\)"),
+    ("model.max_len", 100, r"config\.model\.max_len=100 must be >= 114: .*final_max_extra_len"),
+    ("model.dropout_rate", 1.0, r"config\.model: dropout_rate"),
 ])
 def test_bad_fields_are_named_before_anything_compiles(field, value, named):
     config = default_config.get_config()
     section, _, name = field.rpartition(".")
     (config[section] if section else config)[name] = value
-    with pytest.raises(ValueError, match=named):
+    with pytest.raises(ConfigError, match=named) as info:
         run_config.validate_config(config)
+    assert isinstance(info.value, ValueError) and isinstance(info.value, UserError)
+    assert "\n" not in str(info.value)  # one line on the terminal
+
+
+def test_final_eval_split_names_the_field_and_lists_only_the_valid_splits():
+    config = default_config.get_config()
+    config.final_eval_split = "nonsense"
+    with pytest.raises(ConfigError) as info:
+        run_config.validate_config(config)
+    message = str(info.value)
+    assert message.startswith("config.final_eval_split='nonsense': expected one of 'dev', 'test', ''")
+    assert "train" not in message.split(";")[0]  # the train split is never a valid choice
+    for split in ("dev", "test", ""):
+        config.final_eval_split = split
+        run_config.validate_config(config)
+
+
+def test_decode_allowance_is_needed_only_when_training_decodes():
+    config = default_config.get_config()
+    config.model.max_len = 64 + config.final_max_extra_len  # exactly enough
+    run_config.validate_config(config)
+    config.model.max_len = 100  # 64 + 50 does not fit ...
+    config.final_eval_split, config.eval_bleu_examples = "", 0  # ... but nothing is decoded
+    run_config.validate_config(config)
+
+
+def _text_config(tmp_path, missing: str):
+    for prefix in ("train", "val", "test"):
+        for lang in ("en", "de"):
+            if f"{prefix}.{lang}" != missing:
+                (tmp_path / f"{prefix}.{lang}").write_text("a b\nc d\n")
+    config = default_config.get_config()
+    config.data.source, config.data.dir = "text", str(tmp_path)
+    return config
+
+
+@pytest.mark.parametrize("missing, split", [("val.de", "dev"), ("train.en", "train"),
+                                            ("test.de", "test")])
+def test_a_missing_text_file_is_named_up_front(tmp_path, missing, split):
+    config = _text_config(tmp_path, missing)
+    with pytest.raises(MissingFileError, match=rf"{missing}: no such file.*the {split} split"):
+        run_config.validate_config(config)
+    run_config.validate_config(config, environment=False)  # fields alone are fine
+
+
+def test_missing_test_file_is_fine_when_the_test_split_is_not_scored(tmp_path):
+    config = _text_config(tmp_path, "test.de")
+    config.final_eval_split = "dev"
+    run_config.validate_config(config)
+
+
+def test_training_fails_on_a_missing_dev_file_before_training_a_tokenizer(tmp_path):
+    config = _text_config(tmp_path, "val.de")
+    workdir = tmp_path / "workdir"
+    with pytest.raises(MissingFileError, match=r"val\.de"):
+        train_lib.train_and_evaluate(config, str(workdir))
+    assert not os.path.exists(workdir / "tokenizer")

@@ -42,6 +42,7 @@ import numpy as np
 from transformer_jax.data.config import validate_data_config
 from transformer_jax.data.sources import get_source
 from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax.errors import ConfigError, DataError
 from transformer_jax.special_ids import EOS_ID, PAD_ID
 
 # Pairs are tokenized this many at a time (bounds the memory of lazily read TFDS splits).
@@ -118,8 +119,8 @@ def tokenize_pairs(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer) -> To
             src, tgt = [src[i] for i in keep], [tgt[i] for i in keep]
         src_parts.append(_concat_with_eos(src))
         tgt_parts.append(_concat_with_eos(tgt))
-    if num_empty:
-        logging.info("Left out %d pairs with an empty side", num_empty)
+    if num_empty:  # a warning, not info: train.py shows warnings
+        logging.warning("Left out %d of %d pairs with no tokens on one side", num_empty, len(pairs))
     return TokenizedSplit(*_join(src_parts), *_join(tgt_parts), num_empty=num_empty)
 
 
@@ -331,8 +332,8 @@ def make_train_iterator(
     data = tokenize_pairs(get_source(data_config).pairs("train"), tokenizer)
     fits = np.maximum(data.src_lengths, data.tgt_lengths) <= data_config.max_len
     num_dropped = int(len(data) - fits.sum())
-    if num_dropped:
-        logging.info(
+    if num_dropped:  # a warning, not info: train.py shows warnings
+        logging.warning(
             "Dropped %d of %d train pairs longer than max_len=%d",
             num_dropped,
             len(data),
@@ -375,6 +376,20 @@ class EvalBatch:
     num_real: int
 
 
+def _raise_too_long(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_length: int, split: str,
+                    locations: Sequence[str] | None) -> None:
+    """DataError naming the first example longer than `max_length` tokens, and how many are."""
+    too_long = np.flatnonzero(np.maximum(src_lengths, tgt_lengths) > max_length)
+    i = int(too_long[0])
+    where = locations[i] if locations is not None else f"{split} example {i + 1}"
+    side = "source" if src_lengths[i] > max_length else "reference"
+    length = int(max(src_lengths[i], tgt_lengths[i]))
+    raise DataError(
+        f"{where}: the {side} has {length} tokens (EOS included), more than the {max_length} this "
+        f"model can decode ({len(too_long)} such lines); shorten or split it, or lower the output "
+        "allowance (--max_extra_len)")
+
+
 def make_eval_batches(
     data_config: Any,
     tokenizer: Tokenizer,
@@ -383,11 +398,17 @@ def make_eval_batches(
     max_examples: int | None = None,
     batch_multiple: int = 1,
     pairs: Sequence[tuple[str, str]] | None = None,
+    max_length: int | None = None,
+    locations: Sequence[str] | None = None,
 ) -> list[EvalBatch]:
     """Every example of `split` (the first `max_examples`) exactly once, none truncated.
 
     `pairs`, if given (e.g. from `read_parallel`), replaces the split's pairs; `split` is then
     only a label.
+
+    `max_length`, if given, is the longest padded length the model can take (for decoding: its
+    max_len minus the output allowance). An example longer than that (either side, EOS included)
+    raises DataError naming it by `locations[i]` (e.g. "newstest2014.en:17") or its 1-based number.
 
     Order: by bucket (shortest first), then by position in the split. Examples longer than the
     largest bucket go to one extra bucket at the longest length. Batch sizes follow the train
@@ -397,7 +418,7 @@ def make_eval_batches(
     validate_data_config(data_config)
     if pairs is None:
         if split not in ("dev", "test", "train"):
-            raise ValueError(f"split must be 'dev', 'test' or 'train', got {split!r}")
+            raise ConfigError(f"split must be 'dev', 'test' or 'train', got {split!r}")
         pairs = get_source(data_config).pairs(split)
     if max_examples is not None:
         pairs = pairs[:max_examples]
@@ -405,6 +426,8 @@ def make_eval_batches(
     src_flat, src_offsets = _concat_with_eos(tokenizer.encode_batch([s for s, _ in pairs]))
     tgt_flat, tgt_offsets = _concat_with_eos(tokenizer.encode_batch([t for _, t in pairs]))
     lengths = np.maximum(np.diff(src_offsets), np.diff(tgt_offsets))
+    if max_length is not None and len(lengths) and lengths.max() > max_length:
+        _raise_too_long(np.diff(src_offsets), np.diff(tgt_offsets), max_length, split, locations)
     buckets = list(data_config.length_buckets)
     if len(lengths) and lengths.max() > buckets[-1]:
         buckets.append(int(lengths.max()))

@@ -44,6 +44,7 @@ from typing import Any
 import ml_collections
 
 from transformer_jax.data.trees import parse_file_ranges
+from transformer_jax.errors import ConfigError
 
 SOURCES = ("synthetic", "text", "tfds", "ptb", "synthetic_trees")
 VOCAB_TYPES = ("bpe", "unigram")
@@ -119,7 +120,7 @@ def default_data_config(**overrides: Any) -> ml_collections.ConfigDict:
     )
     for key, value in overrides.items():
         if key not in cfg:
-            raise ValueError(f"default_data_config: unknown field {key!r}; known: {sorted(cfg)}")
+            raise ConfigError(f"default_data_config: unknown field {key!r}; known: {sorted(cfg)}")
         setattr(cfg, key, value)
     return cfg
 
@@ -128,7 +129,7 @@ def _field(cfg: Any, name: str) -> Any:
     try:
         return getattr(cfg, name)
     except (AttributeError, KeyError):
-        raise ValueError(
+        raise ConfigError(
             f"data_config is missing field {name!r} (source={getattr(cfg, 'source', '?')!r})"
         ) from None
 
@@ -136,59 +137,59 @@ def _field(cfg: Any, name: str) -> Any:
 def _positive_int(cfg: Any, name: str) -> int:
     value = _field(cfg, name)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"data_config.{name} must be a positive int, got {value!r}")
+        raise ConfigError(f"data_config.{name} must be a positive int, got {value!r}")
     return value
 
 
 def validate_data_config(cfg: Any) -> None:
-    """Raises ValueError naming the field, the expected and the actual value."""
+    """Raises ConfigError (a ValueError) naming the field, the expected and the actual value."""
     source = _field(cfg, "source")
     if source not in SOURCES:
-        raise ValueError(f"data_config.source must be one of {SOURCES}, got {source!r}")
+        raise ConfigError(f"data_config.source must be one of {SOURCES}, got {source!r}")
     for name in _COMMON_FIELDS + _SOURCE_FIELDS[source]:
         _field(cfg, name)
     vocab_type = cfg.vocab_type
     if vocab_type not in VOCAB_TYPES:
-        raise ValueError(f"data_config.vocab_type must be one of {VOCAB_TYPES}, got {vocab_type!r}")
+        raise ConfigError(f"data_config.vocab_type must be one of {VOCAB_TYPES}, got {vocab_type!r}")
     for name in ("vocab_size", "tokenizer_train_examples", "max_len", "tokens_per_batch"):
         _positive_int(cfg, name)
     if cfg.vocab_size < 8:
-        raise ValueError(f"data_config.vocab_size must be >= 8 (4 reserved ids), got {cfg.vocab_size}")
+        raise ConfigError(f"data_config.vocab_size must be >= 8 (4 reserved ids), got {cfg.vocab_size}")
     if cfg.max_len < 2:
-        raise ValueError(f"data_config.max_len must be >= 2 (a token plus EOS), got {cfg.max_len}")
+        raise ConfigError(f"data_config.max_len must be >= 2 (a token plus EOS), got {cfg.max_len}")
     buckets = tuple(cfg.length_buckets)
     if not buckets or any(isinstance(b, bool) or not isinstance(b, int) or b <= 0 for b in buckets):
-        raise ValueError(
+        raise ConfigError(
             f"data_config.length_buckets must be a non-empty tuple of positive ints, got {buckets!r}"
         )
     if any(a >= b for a, b in zip(buckets, buckets[1:], strict=False)):
-        raise ValueError(
+        raise ConfigError(
             f"data_config.length_buckets must be strictly increasing, got {buckets!r}"
         )
     if buckets[-1] < cfg.max_len:
-        raise ValueError(
+        raise ConfigError(
             f"data_config.length_buckets must cover max_len={cfg.max_len}: the largest bucket is "
             f"{buckets[-1]}; add a bucket >= {cfg.max_len} or lower max_len"
         )
     coverage = getattr(cfg, "character_coverage", 1.0)
     if not isinstance(coverage, int | float) or not 0.9 <= coverage <= 1.0:
-        raise ValueError(f"data_config.character_coverage must be in [0.9, 1], got {coverage!r}")
+        raise ConfigError(f"data_config.character_coverage must be in [0.9, 1], got {coverage!r}")
     if source in ("ptb", "synthetic_trees") and not isinstance(cfg.keep_pos_tags, bool):
-        raise ValueError(f"data_config.keep_pos_tags must be a bool, got {cfg.keep_pos_tags!r}")
+        raise ConfigError(f"data_config.keep_pos_tags must be a bool, got {cfg.keep_pos_tags!r}")
     if source == "ptb":
         _validate_ptb(cfg)
     elif source in ("synthetic", "synthetic_trees"):
         for name in ("synthetic_train_size", "synthetic_dev_size", "synthetic_test_size"):
             _positive_int(cfg, name)
         if not isinstance(cfg.synthetic_seed, int):
-            raise ValueError(f"data_config.synthetic_seed must be an int, got {cfg.synthetic_seed!r}")
+            raise ConfigError(f"data_config.synthetic_seed must be an int, got {cfg.synthetic_seed!r}")
     else:
         for name in _SOURCE_FIELDS[source]:
             value = getattr(cfg, name)
             if name != "tfds_data_dir" and (not isinstance(value, str) or not value):
-                raise ValueError(f"data_config.{name} must be a non-empty str, got {value!r}")
+                raise ConfigError(f"data_config.{name} must be a non-empty str, got {value!r}")
         if cfg.src_lang == cfg.tgt_lang:
-            raise ValueError(
+            raise ConfigError(
                 f"data_config.src_lang and tgt_lang must differ, both are {cfg.src_lang!r}"
             )
 
@@ -196,7 +197,7 @@ def validate_data_config(cfg: Any) -> None:
 def _validate_ptb(cfg: Any) -> None:
     """The folder is named and the three file ranges parse and do not overlap."""
     if not isinstance(cfg.dir, str) or not cfg.dir:
-        raise ValueError(
+        raise ConfigError(
             f"data_config.dir must name the folder of .mrg files (LDC's treebank_3/parsed/mrg/wsj"
             f" or a flat folder of wsj_NNNN.mrg), got {cfg.dir!r}"
         )
@@ -206,14 +207,14 @@ def _validate_ptb(cfg: Any) -> None:
         try:
             ranges[split] = parse_file_ranges(getattr(cfg, name))
         except ValueError as e:
-            raise ValueError(f"data_config.{name}: {e}") from None
+            raise ConfigError(f"data_config.{name}: {e}") from None
     splits = list(ranges)
     for i, a in enumerate(splits):
         for b in splits[i + 1 :]:
             for lo_a, hi_a in ranges[a]:
                 for lo_b, hi_b in ranges[b]:
                     if max(lo_a, lo_b) <= min(hi_a, hi_b):
-                        raise ValueError(
+                        raise ConfigError(
                             f"data_config.ptb_{a}_files={getattr(cfg, f'ptb_{a}_files')!r} and"
                             f" ptb_{b}_files={getattr(cfg, f'ptb_{b}_files')!r} share files"
                             f" {max(lo_a, lo_b):04d}-{min(hi_a, hi_b):04d}; the splits must be"

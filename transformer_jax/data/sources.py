@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any, Protocol, overload
 
 from transformer_jax.data.config import validate_data_config
+from transformer_jax.data.synthetic import SyntheticSource
 from transformer_jax.data.treebank import PARSING_SOURCES, TreebankSource
+from transformer_jax.errors import DataError, MissingFileError
 
 SPLITS = ("train", "dev", "test")
 
@@ -50,19 +52,19 @@ def read_lines(path: Path, *, expected: str) -> list[str]:
     """Lines of a UTF-8 file, whitespace-normalised (empty lines kept as '').
 
     Raises:
-      FileNotFoundError: naming `path` and `expected` (what the file should hold).
-      ValueError: the file is empty, or not valid UTF-8 (naming the 1-based line).
+      MissingFileError (a FileNotFoundError): naming `path` and `expected` (what it should hold).
+      DataError (a ValueError): the file is empty, or not valid UTF-8 (naming the 1-based line).
     """
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file; expected {expected}")
+        raise MissingFileError(f"{path}: no such file; expected {expected}")
     data = path.read_bytes()
     if not data:
-        raise ValueError(f"{path}: file is empty; expected {expected}")
+        raise DataError(f"{path}: file is empty; expected {expected}")
     try:
         text = data.decode("utf-8-sig")  # a leading byte-order mark is not text
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
-        raise ValueError(
+        raise DataError(
             f"{path}:{line}: invalid UTF-8 ({e.reason} at byte {e.start}); expected {expected}"
         ) from None
     # split('\n'), not splitlines(): U+2028, U+0085 etc. are characters of a line, not breaks.
@@ -76,7 +78,8 @@ class TextSource:
     """Line-aligned files `{dir}/{prefix}.{src_lang}` and `{dir}/{prefix}.{tgt_lang}`.
 
     Pairs where either side is empty after normalisation are skipped; `num_skipped[split]`
-    counts them (also logged).
+    counts them (also logged as a warning, which train.py shows); `line_numbers[split]` holds each
+    kept pair's 1-based line number.
     """
 
     def __init__(self, directory: str, prefixes: dict[str, str], src_lang: str, tgt_lang: str):
@@ -84,6 +87,7 @@ class TextSource:
         self.prefixes = prefixes
         self.src_lang, self.tgt_lang = src_lang, tgt_lang
         self.num_skipped: dict[str, int] = {}
+        self.line_numbers: dict[str, list[int]] = {}
         self._cache: dict[str, list[tuple[str, str]]] = {}
 
     def paths(self, split: str) -> tuple[Path, Path]:
@@ -97,38 +101,82 @@ class TextSource:
         return self._cache[split]
 
     def _read(self, split: str) -> list[tuple[str, str]]:
-        pairs, self.num_skipped[split] = _read_parallel(*self.paths(split), split=split)
+        pairs, self.line_numbers[split], self.num_skipped[split] = _read_parallel(
+            *self.paths(split), split=split)
         return pairs
 
 
 def _read_parallel(
     src_path: Path, tgt_path: Path, *, split: str
-) -> tuple[list[tuple[str, str]], int]:
+) -> tuple[list[tuple[str, str]], list[int], int]:
+    """(pairs, each pair's 1-based line number, number of pairs skipped for an empty side)."""
     what = f"the {split} split, one sentence per line, line-aligned with {{}}"
     src = read_lines(src_path, expected=what.format(tgt_path))
     tgt = read_lines(tgt_path, expected=what.format(src_path))
     if len(src) != len(tgt):
-        raise ValueError(
+        raise DataError(
             f"line counts differ: {src_path} has {len(src)} lines, {tgt_path} has"
             f" {len(tgt)} lines; the files must be line-aligned"
         )
-    pairs = [(s, t) for s, t in zip(src, tgt, strict=True) if s and t]
-    num_skipped = len(src) - len(pairs)
-    if num_skipped:
-        logging.info(
-            "%s / %s: skipped %d pairs with an empty side", src_path, tgt_path, num_skipped
+    blank = [i + 1 for i, (s, t) in enumerate(zip(src, tgt, strict=True)) if not (s and t)]
+    if blank:  # a warning, not info: train.py and evaluate.py show warnings
+        logging.warning(
+            "%s / %s: skipped %d of %d pairs with an empty side (lines %s)", src_path, tgt_path,
+            len(blank), len(src), ", ".join(map(str, blank[:5])) + (", ..." if len(blank) > 5 else ""),
         )
-    if not pairs:
-        raise ValueError(f"{src_path} / {tgt_path}: no pair has both sides non-empty")
-    return pairs, num_skipped
+    if len(blank) == len(src):
+        raise DataError(f"{src_path} / {tgt_path}: no pair has both sides non-empty")
+    lines = [i + 1 for i, (s, t) in enumerate(zip(src, tgt, strict=True)) if s and t]
+    return [(src[i - 1], tgt[i - 1]) for i in lines], lines, len(blank)
 
 
 def read_parallel(src_path: str | Path, tgt_path: str | Path) -> list[tuple[str, str]]:
     """(source, target) pairs of two line-aligned files, e.g. newstest2014.en/.de.
 
-    Same normalisation and errors as `TextSource`; pairs with an empty side are skipped (logged).
+    Same normalisation and errors as `TextSource`; pairs with an empty side are skipped (a warning
+    gives their count and lines).
     """
-    return _read_parallel(Path(src_path), Path(tgt_path), split="given")[0]
+    return read_parallel_numbered(src_path, tgt_path)[0]
+
+
+def read_parallel_numbered(
+    src_path: str | Path, tgt_path: str | Path
+) -> tuple[list[tuple[str, str]], list[int]]:
+    """`read_parallel`'s pairs and the 1-based line number of each (for messages naming a line)."""
+    pairs, lines, _ = _read_parallel(Path(src_path), Path(tgt_path), split="given")
+    return pairs, lines
+
+
+def input_files(data_config: Any, splits: Sequence[str] = SPLITS) -> list[tuple[str, Path]]:
+    """(what, path) of every file or folder that reading `splits` of `data_config` needs.
+
+    `what` names the config fields that give the path. Synthetic sources read no files; TFDS
+    prepares its own (only the folder is checked, when set).
+    """
+    source = data_config.source
+    if source == "text":
+        fields = {"train": "train_prefix", "dev": "dev_prefix", "test": "test_prefix"}
+        found = []
+        for split in splits:
+            prefix = getattr(data_config, fields[split])
+            for lang in ("src_lang", "tgt_lang"):
+                path = Path(data_config.dir) / f"{prefix}.{getattr(data_config, lang)}"
+                found.append((f"the {split} split (data.dir/data.{fields[split]}.data.{lang})", path))
+        return found
+    if source == "ptb":
+        return [("the treebank folder (data.dir)", Path(data_config.dir))]
+    return []
+
+
+def check_input_files(data_config: Any, splits: Sequence[str] = SPLITS) -> None:
+    """Raises MissingFileError naming the first missing input file and the config fields behind it."""
+    validate_data_config(data_config)
+    for what, path in input_files(data_config, splits):
+        if not path.exists():
+            raise MissingFileError(
+                f"{path}: no such file or folder; it holds {what}. Fix the data.* fields or create it"
+                + (" (python -m transformer_jax.data.prepare --help)" if data_config.source == "text"
+                   else ""))
 
 
 # ----------------------------------------------------------------------------- TFDS
@@ -215,6 +263,7 @@ class TfdsSource:
     def _prepared_builder(self) -> Any:
         if self._builder is not None:
             return self._builder
+        # tensorflow_datasets is heavy and only the tfds source needs it: imported on first use.
         import tensorflow_datasets as tfds
         import tensorflow_datasets.translate  # noqa: F401  (registers wmt14_translate & co.)
 
@@ -269,7 +318,7 @@ class TfdsSource:
             result = [(s, t) for s, t in everything if s and t]
             self.num_skipped[split] = len(everything) - len(result)
             if self.num_skipped[split]:
-                logging.info(
+                logging.warning(
                     "%s %s: skipped %d pairs with an empty side",
                     self.name,
                     tfds_split,
@@ -291,8 +340,6 @@ def get_source(data_config: Any) -> Source:
     if data_config.source in PARSING_SOURCES:
         return TreebankSource.from_config(data_config)
     if data_config.source == "synthetic":
-        from transformer_jax.data.synthetic import SyntheticSource
-
         return SyntheticSource(
             train_size=data_config.synthetic_train_size,
             dev_size=data_config.synthetic_dev_size,
