@@ -2,6 +2,8 @@
 
 With no flags it trains the embedded default (configs/default.py, a synthetic task) into ./workdir.
 Running it again on a workdir that holds checkpoints resumes. All logic is in transformer_jax.train_lib.
+The whole config and every input file are checked first; a user error (bad field, missing file) prints
+two lines and exits 1 (TRANSFORMER_JAX_TRACEBACK=1 shows the traceback).
 """
 
 import os
@@ -10,7 +12,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from transformer_jax import train_lib
+from transformer_jax import errors, train_lib
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "default.py")
 _CONFIG = config_flags.DEFINE_config_file(
@@ -32,4 +34,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    errors.run_main(main)

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from transformer_jax.data.config import validate_data_config
-from transformer_jax.data.sources import get_source
+from transformer_jax.data.sources import TextSource, get_source
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.errors import ConfigError, DataError
 from transformer_jax.special_ids import EOS_ID, PAD_ID
@@ -386,8 +386,8 @@ def _raise_too_long(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_length
     length = int(max(src_lengths[i], tgt_lengths[i]))
     raise DataError(
         f"{where}: the {side} has {length} tokens (EOS included), more than the {max_length} this "
-        f"model can decode ({len(too_long)} such lines); shorten or split it, or lower the output "
-        "allowance (--max_extra_len)")
+        f"model can decode ({len(too_long)} such lines); shorten or split it, or decode with a smaller "
+        "max_extra_len")
 
 
 def make_eval_batches(
@@ -416,10 +416,12 @@ def make_eval_batches(
     bucket is completed with PAD rows.
     """
     validate_data_config(data_config)
+    source = None
     if pairs is None:
         if split not in ("dev", "test", "train"):
             raise ConfigError(f"split must be 'dev', 'test' or 'train', got {split!r}")
-        pairs = get_source(data_config).pairs(split)
+        source = get_source(data_config)
+        pairs = source.pairs(split)
     if max_examples is not None:
         pairs = pairs[:max_examples]
     pairs = list(pairs)
@@ -427,6 +429,9 @@ def make_eval_batches(
     tgt_flat, tgt_offsets = _concat_with_eos(tokenizer.encode_batch([t for _, t in pairs]))
     lengths = np.maximum(np.diff(src_offsets), np.diff(tgt_offsets))
     if max_length is not None and len(lengths) and lengths.max() > max_length:
+        if locations is None and isinstance(source, TextSource):  # name the file and line
+            path = source.paths(split)[0]
+            locations = [f"{path}:{line}" for line in source.line_numbers[split]]
         _raise_too_long(np.diff(src_offsets), np.diff(tgt_offsets), max_length, split, locations)
     buckets = list(data_config.length_buckets)
     if len(lengths) and lengths.max() > buckets[-1]:

@@ -161,7 +161,7 @@ def input_files(data_config: Any, splits: Sequence[str] = SPLITS) -> list[tuple[
             prefix = getattr(data_config, fields[split])
             for lang in ("src_lang", "tgt_lang"):
                 path = Path(data_config.dir) / f"{prefix}.{getattr(data_config, lang)}"
-                found.append((f"the {split} split (data.dir/data.{fields[split]}.data.{lang})", path))
+                found.append((f"the {split} split (config.data.dir, .{fields[split]}, .{lang})", path))
         return found
     if source == "ptb":
         return [("the treebank folder (data.dir)", Path(data_config.dir))]

@@ -1,0 +1,86 @@
+"""User errors at the entry points: two lines on stderr, exit 1, no traceback (issue 12, section 6).
+
+The subprocesses fail during validation, before JAX compiles anything, so each takes about a second.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from transformer_jax import errors
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(script: str, *args: str, traceback: bool = False) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != errors.TRACEBACK_ENV}
+    if traceback:
+        env[errors.TRACEBACK_ENV] = "1"
+    return subprocess.run([sys.executable, os.path.join(REPO, script), *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _assert_short(result: subprocess.CompletedProcess, *named: str) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(lines) <= 2, result.stderr
+    assert lines[0].startswith("error: ")
+    for text in named:
+        assert text in lines[0]
+    return lines[0]
+
+
+def test_train_bad_config_field(tmp_path):
+    result = _run("train.py", f"--workdir={tmp_path / 'w'}", "--config.train.learning_rate_scale=-1")
+    _assert_short(result, "config.train.learning_rate_scale=-1")
+    assert not (tmp_path / "w").exists()  # nothing was created, let alone trained
+
+
+def test_train_missing_data_file(tmp_path):
+    for name in ("train.en", "train.de", "val.en", "test.en", "test.de"):  # val.de is missing
+        (tmp_path / name).write_text("a b\n")
+    result = _run("train.py", f"--workdir={tmp_path / 'w'}", "--config.data.source=text",
+                  f"--config.data.dir={tmp_path}")
+    _assert_short(result, str(tmp_path / "val.de"), "dev split")
+    assert not (tmp_path / "w").exists()
+
+
+def test_evaluate_missing_workdir_and_bad_flag(tmp_path):
+    _assert_short(_run("evaluate.py", f"--workdir={tmp_path / 'nope'}"), "nope: no such directory")
+    _assert_short(_run("evaluate.py", f"--workdir={tmp_path}", "--average_last=-1"),
+                  "--average_last=-1")
+
+
+def test_the_environment_variable_shows_the_traceback(tmp_path):
+    result = _run("evaluate.py", f"--workdir={tmp_path / 'nope'}", traceback=True)
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr and "MissingFileError" in result.stderr
+
+
+def test_a_real_bug_keeps_its_traceback(monkeypatch):
+    monkeypatch.delenv(errors.TRACEBACK_ENV, raising=False)
+
+    def buggy(argv):
+        raise KeyError("a bug, not a user error")
+
+    with pytest.raises(KeyError):
+        errors.short_errors(buggy)([])
+
+
+def test_user_error_becomes_two_lines_and_exit_1(monkeypatch, capsys):
+    monkeypatch.delenv(errors.TRACEBACK_ENV, raising=False)
+
+    def main(argv):
+        raise errors.ConfigError("config.x=3: expected an integer >= 4")
+
+    with pytest.raises(SystemExit) as info:
+        errors.short_errors(main)([])
+    assert info.value.code == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "error: config.x=3: expected an integer >= 4", f"(set {errors.TRACEBACK_ENV}=1 for the traceback)"]
+    monkeypatch.setenv(errors.TRACEBACK_ENV, "1")
+    with pytest.raises(errors.ConfigError):
+        errors.short_errors(main)([])

@@ -1,0 +1,94 @@
+"""``evaluate.py``'s arguments, checked before anything is restored or decoded, and where its outputs go.
+
+``check_arguments`` runs first: every flag's range, the workdir and the input files exist, and the output
+folder (``<workdir>/eval`` or ``--output_dir``) is writable, so a read-only workdir fails in a second,
+not after the whole set is decoded. Once the checkpoint step is known, ``claim_outputs`` names the
+outputs after what was scored (``test-<step>``, ``dev-<step>``, or the source file's name, e.g.
+``newstest2014.en-<step>``; ``-avg<N>`` when N checkpoints are averaged) and refuses to replace an
+existing result unless ``overwrite`` is set.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from transformer_jax.errors import ConfigError, MissingFileError, UserError
+
+SPLITS = ("dev", "test")
+
+
+def default_output_dir(workdir: str) -> str:
+    """Where evaluate.py writes by default: ``<workdir>/eval``."""
+    return os.path.join(workdir, "eval")
+
+
+def _check_at_least(flag: str, value, minimum, what: str = "", *, integer: bool = True) -> None:
+    if value is None:
+        return
+    kinds = int if integer else int | float
+    if isinstance(value, bool) or not isinstance(value, kinds) or value < minimum:
+        kind = "an integer" if integer else "a number"
+        raise ConfigError(f"--{flag}={value!r}: expected {kind} >= {minimum} ({what})")
+
+
+def check_writable(output_dir: str) -> None:
+    """Creates ``output_dir`` if needed and writes a probe file there; UserError naming it if it can't."""
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=output_dir, prefix=".write-test-"):
+            pass
+    except OSError as e:
+        raise UserError(f"cannot write the results to {output_dir} ({e.strerror or e}); pass "
+                        "--output_dir=DIR to write them elsewhere") from None
+
+
+def check_arguments(workdir: str, *, step: int | None, average_last: int, split: str,
+                    source_file: str | None, reference_file: str | None, beam_size: int | None,
+                    alpha: float | None, max_extra_len: int | None, output_dir: str) -> None:
+    """Every argument of ``evaluation.evaluate_workdir``, before anything is restored.
+
+    Raises:
+      ConfigError: a flag out of range, or --source_file without --reference_file (or the reverse).
+      MissingFileError: the workdir, its checkpoints folder or an input file does not exist.
+      UserError: ``output_dir`` cannot be written.
+    """
+    _check_at_least("step", step, 0, "a saved checkpoint step; leave it out for the latest")
+    _check_at_least("average_last", average_last, 0, "0 or 1: no averaging; N: the last N checkpoints")
+    _check_at_least("beam_size", beam_size, 1, "1 is greedy search")
+    _check_at_least("alpha", alpha, 0, "the GNMT length penalty; 0 turns it off", integer=False)
+    _check_at_least("max_extra_len", max_extra_len, 0, "outputs may be input length + this long")
+    if split not in SPLITS:
+        raise ConfigError(f"--split={split!r}: expected one of {', '.join(SPLITS)}")
+    if bool(source_file) != bool(reference_file):
+        given, missing = (("--source_file", "--reference_file") if source_file
+                          else ("--reference_file", "--source_file"))
+        raise ConfigError(f"{given} needs {missing} too (the line-aligned other side)")
+    if not os.path.isdir(workdir):
+        raise MissingFileError(f"--workdir={workdir}: no such directory; pass the --workdir of a "
+                               "train.py run")
+    if not os.path.isdir(os.path.join(workdir, "checkpoints")):
+        raise MissingFileError(f"--workdir={workdir} holds no checkpoints/ folder; is it a train.py "
+                               "workdir, and has it saved a checkpoint yet?")
+    for flag, path in (("source_file", source_file), ("reference_file", reference_file)):
+        if path and not os.path.isfile(path):
+            raise MissingFileError(f"--{flag}={path}: no such file")
+    check_writable(output_dir)
+
+
+def output_stem(output_dir: str, *, split: str, step: int, source_file: str | None,
+                average_last: int) -> str:
+    """``<output_dir>/<name>-<step>[-avg<N>]``: name is the split, or the source file's base name."""
+    name = os.path.basename(source_file) if source_file else split
+    suffix = f"-avg{average_last}" if average_last > 1 else ""
+    return os.path.join(output_dir, f"{name}-{step}{suffix}")
+
+
+def claim_outputs(stem: str, *, overwrite: bool) -> tuple[str, str]:
+    """(``stem.txt``, ``stem.json``); UserError if either exists and ``overwrite`` is False."""
+    paths = (stem + ".txt", stem + ".json")
+    existing = [p for p in paths if os.path.exists(p)]
+    if existing and not overwrite:
+        raise UserError(f"{existing[-1]} exists: this checkpoint was scored on these inputs before; "
+                        "pass --overwrite to replace it, or --output_dir=DIR to keep both")
+    return paths
