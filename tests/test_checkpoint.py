@@ -4,6 +4,7 @@ import glob
 import logging
 import os
 import re
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +14,10 @@ import pytest
 from flax import struct
 
 from transformer_jax import checkpoint as ckpt_lib
-from transformer_jax.checkpoint import Checkpointer, average_checkpoints
+from transformer_jax import checkpoint_checks as checks
+from transformer_jax.averaging import average_checkpoints
+from transformer_jax.checkpoint import Checkpointer
+from transformer_jax.checkpoint_checks import CheckpointMismatchError, NonFiniteStateError
 
 
 @struct.dataclass
@@ -251,13 +255,16 @@ def test_no_restorable_step_raises_and_moves_nothing(tmp_path):
             empty.restore(ABSTRACT)
 
 
-def test_wrong_target_is_not_mistaken_for_damage(tmp_path):
+def test_wrong_target_is_not_mistaken_for_damage(tmp_path, caplog):
     save_steps(tmp_path, [1, 2])
     wrong = jax.eval_shape(lambda: make_state().replace(params={"w": jnp.zeros((4, 4))}))
-    with new_checkpointer(tmp_path) as ckpt:
-        with pytest.raises(RuntimeError, match="abstract_state"):
-            ckpt.restore(wrong)
+    with new_checkpointer(tmp_path) as ckpt, caplog.at_level(logging.WARNING, logger=ckpt_lib.__name__):
+        # Raised before any array is read, naming the arrays (saved vs expected), for any requested step.
+        for step in (None, 1):
+            with pytest.raises(CheckpointMismatchError, match=r"params/w: saved \[3, 5\], expected \[4, 4\]"):
+                ckpt.restore(wrong, step)
         assert ckpt.all_steps() == [1, 2]
+    assert not [r for r in caplog.records if "damaged" in r.getMessage()]
 
 
 def test_interrupted_save_tmp_dirs_are_removed_on_start(tmp_path, caplog):
@@ -302,3 +309,126 @@ def test_average_checkpoints_needs_enough_steps(tmp_path):
     save_steps(tmp_path, [1, 2, 3])
     with pytest.raises(ValueError, match=r"\b5\b.*\b3\b.*\[1, 2, 3\]"):
         average_checkpoints(str(tmp_path), ABSTRACT, last_n=5)
+
+
+# ------------------------------------------------------------------------------- integrity (issue 12)
+def big_state(step: int) -> TinyState:
+    """Random w float32[61, 67] (one data file of ~16 kB), so a flip lands inside array bytes."""
+    params = {"w": jax.random.normal(jax.random.key(step), (61, 67)),
+              "b": jnp.full((7,), step, jnp.bfloat16)}
+    return TinyState(step=jnp.asarray(step), params=params, opt_state=_TX.init(params),
+                     rng=jax.random.key(step))
+
+
+BIG_ABSTRACT = jax.eval_shape(lambda: big_state(0))
+
+
+def flip_64_bytes_in_the_middle(step_dir) -> str:
+    """Inverts 64 bytes in the middle of the step's largest array data file (same size); returns its path."""
+    files = [f for f in glob.glob(f"{step_dir}/state/**/d/*", recursive=True) if os.path.isfile(f)]
+    path = max(files, key=os.path.getsize)
+    size = os.path.getsize(path)
+    assert size > 1000, size
+    with open(path, "r+b") as f:
+        f.seek(size // 2 - 32)
+        chunk = f.read(64)
+        f.seek(size // 2 - 32)
+        f.write(bytes(b ^ 0xFF for b in chunk))
+    assert os.path.getsize(path) == size
+    return path
+
+
+@_IGNORE_CLOSED_LOOP
+def test_bit_flip_is_detected_and_falls_back_like_other_damage(tmp_path, caplog):
+    with new_checkpointer(tmp_path) as ckpt:
+        for step in (1, 2, 3):
+            ckpt.save(step, big_state(step), data_state={"pos": step}, config={}, force=True)
+    flip_64_bytes_in_the_middle(tmp_path / "3")
+    with new_checkpointer(tmp_path, read_only=True) as reader:  # evaluate.py's path: explicit step fails
+        with pytest.raises(RuntimeError, match=r"step 3.*checksum mismatch.*params/w"):
+            reader.restore(BIG_ABSTRACT, step=3)
+        with pytest.raises(RuntimeError, match=r"step 3 in .*checksum mismatch"):
+            average_checkpoints(str(tmp_path), BIG_ABSTRACT, last_n=2)
+    ckpt = new_checkpointer(tmp_path)
+    with caplog.at_level(logging.WARNING, logger=ckpt_lib.__name__):
+        restored, data_state, _, step = ckpt.restore(BIG_ABSTRACT)
+    ckpt.close()
+    assert step == 2 and data_state == {"pos": 2}
+    assert_trees_equal(restored.params, big_state(2).params)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("step 3" in m and "damaged" in m and "checksum" in m for m in warnings), warnings
+    assert glob.glob(f"{tmp_path}/3{ckpt_lib.DAMAGED_SUFFIX}-*")
+
+
+def test_digest_sees_every_single_element_change_and_counts_non_finite():
+    state = big_state(4)
+    base = checks.state_digest(state)
+    assert set(base) == {"step", "params/b", "params/w", "opt_state/0/count", "opt_state/0/mu/b",
+                         "opt_state/0/mu/w", "opt_state/0/nu/b", "opt_state/0/nu/w", "rng"}
+    assert base["params/w"]["shape"] == [61, 67] and not checks.nonfinite_arrays(base)
+    w = np.asarray(state.params["w"])
+    for index in [(0, 0), (30, 33), (60, 66)]:
+        changed = w.copy()
+        changed[index] = np.nextafter(changed[index], np.float32(np.inf))  # the smallest possible change
+        digest = checks.state_digest(state.replace(params={**state.params, "w": jnp.asarray(changed)}))
+        assert digest["params/w"]["h"] != base["params/w"]["h"], index
+        assert digest["params/b"]["h"] == base["params/b"]["h"]
+    swapped = w.copy()
+    swapped[[0, 1]] = swapped[[1, 0]]  # same values, other order
+    digest = checks.state_digest(state.replace(params={**state.params, "w": jnp.asarray(swapped)}))
+    assert digest["params/w"]["h"] != base["params/w"]["h"]
+    poisoned = state.replace(opt_state=jax.tree.map(lambda x: x.at[..., 0].set(jnp.inf) if x.ndim else x,
+                                                    state.opt_state))
+    assert checks.nonfinite_arrays(checks.state_digest(poisoned)) == [
+        "opt_state/0/mu/b", "opt_state/0/mu/w", "opt_state/0/nu/b", "opt_state/0/nu/w"]
+
+
+def test_a_non_finite_state_is_never_saved_and_the_message_names_a_step_that_exists(tmp_path):
+    ckpt = new_checkpointer(tmp_path)
+    assert "no checkpoint" in ckpt.last_good_message()
+    poisoned = make_state(1.0, 2)
+    poisoned = poisoned.replace(params={**poisoned.params, "w": jnp.full((3, 5), jnp.nan)})
+    with pytest.raises(NonFiniteStateError, match=r"after step 2 .*params/w.*There is no checkpoint"):
+        ckpt.save(2, poisoned, data_state={}, config={}, force=True)
+    assert ckpt.save(3, make_state(3.0, 3), data_state={}, config={}, force=True)  # async: maybe in flight
+    with pytest.raises(NonFiniteStateError, match=r"after step 4 .*The last good checkpoint is step 3 in"):
+        ckpt.save(4, poisoned, data_state={}, config={}, force=True)
+    ckpt.close()
+    assert sorted(os.listdir(tmp_path)) == ["3"]
+
+
+def test_leaving_on_an_exception_finishes_the_save_in_flight(tmp_path):
+    with pytest.raises(KeyError):
+        with new_checkpointer(tmp_path) as ckpt:
+            assert ckpt.save(5, big_state(5), data_state={}, config={}, force=True)
+            raise KeyError("a crash while the save is in flight")
+    assert sorted(os.listdir(tmp_path)) == ["5"]
+    with new_checkpointer(tmp_path) as ckpt:
+        assert ckpt.restore(BIG_ABSTRACT)[3] == 5
+
+
+def test_a_step_removed_while_read_is_skipped_without_calling_it_damaged(tmp_path, caplog, monkeypatch):
+    save_steps(tmp_path, [1, 2, 3])
+    reader = new_checkpointer(tmp_path, read_only=True)
+    original = Checkpointer._restore_step
+
+    def trainer_deletes_step_3_meanwhile(self, step, abstract_state):
+        if step == 3:
+            shutil.rmtree(tmp_path / "3")  # what a trainer's max_to_keep does
+        return original(self, step, abstract_state)
+
+    monkeypatch.setattr(Checkpointer, "_restore_step", trainer_deletes_step_3_meanwhile)
+    with caplog.at_level(logging.WARNING, logger=ckpt_lib.__name__):
+        _, data_state, _, step = reader.restore(ABSTRACT)
+    reader.close()
+    assert step == 2 and data_state == {"pos": 2}
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("step 3" in m and "removed" in m for m in messages), messages
+    assert not any("damaged" in m for m in messages), messages
+
+
+def test_metadata_is_saved_and_read_without_arrays(tmp_path):
+    with new_checkpointer(tmp_path) as ckpt:
+        ckpt.save(4, make_state(), data_state={}, config={"d_model": 5}, force=True,
+                  metadata={"tokenizer_sha256": "ab" * 32})
+        assert ckpt.saved_info() == (4, {"d_model": 5}, {"tokenizer_sha256": "ab" * 32})

@@ -1,19 +1,23 @@
-"""Checkpoints: orbax manager, resume past damaged steps, averaging.
+"""Checkpoints: the orbax manager, saving only finite states, resuming past damaged steps.
 
-A checkpoint directory holds one sub-directory per step (``<directory>/<step>/``) with three orbax items:
+A checkpoint directory holds one sub-directory per step (``<directory>/<step>/``) with four orbax items:
 
 * ``state``  - the training state, any JAX pytree (``TrainState`` with step, params, opt_state, rng);
   arrays are restored against an abstract target (``jax.ShapeDtypeStruct`` leaves with ``.sharding``), so
   they come back laid out on the current mesh. Typed PRNG keys (``jax.random.key``) are stored as such.
 * ``data``   - the data iterator's state, a small JSON dict, so a resumed run sees the batches it would have.
 * ``config`` - the run config as JSON, so ``evaluate.py`` can rebuild the model before restoring any arrays.
+* ``integrity`` - JSON: per array its shape, dtype and checksum (``checkpoint_checks.state_digest``), hashes
+  of the other two items, and the caller's metadata (train.py: the tokenizer's sha256).
 
-The paper (section 6.1) averages the last 5 checkpoints (base, written every 10 minutes) or the last 20 (big)
-for the reported numbers; :func:`average_checkpoints` does that. Keep ``max_to_keep`` >= the number averaged.
+Averaging the last N checkpoints (paper section 6.1) is in ``averaging.py``.
 
-Robustness: a save killed mid-way (``kill -9``, preemption) leaves ``<step>.orbax-checkpoint-tmp*``
-directories; :class:`Checkpointer` deletes them on start. A damaged latest checkpoint (truncated files,
-missing metadata) is skipped with a warning and the previous step is used. (The workdir lock is in
+Robustness: a state holding NaN/inf is never saved (``NonFiniteStateError``). A save killed mid-way
+(``kill -9``, preemption) leaves ``<step>.orbax-checkpoint-tmp*`` directories; :class:`Checkpointer` deletes
+them on start. A damaged latest checkpoint (truncated files, missing metadata, or arrays whose checksums
+changed) is skipped with a warning and the previous step is used. Arrays shaped for another model are not
+damage: that raises ``CheckpointMismatchError`` before any array is read. A step deleted while being read
+(``max_to_keep`` of a running trainer) is skipped for the newest step that exists. (The workdir lock is in
 ``workdir_lock.py``, the SIGTERM handling in ``preemption.py``.)
 """
 
@@ -23,14 +27,21 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
+
+from transformer_jax import checkpoint_checks as checks
+from transformer_jax.checkpoint_checks import (
+    CheckpointMismatchError,
+    NonFiniteStateError,
+    NoUsableCheckpointError,
+)
+from transformer_jax.errors import MissingFileError
 
 _log = logging.getLogger(__name__)
 
@@ -40,7 +51,7 @@ TMP_DIR_SUFFIX = ocp.path.atomicity_types.TMP_DIR_SUFFIX
 # A damaged step directory "<step>" is renamed to "<step>.damaged-<unix time>", which orbax does not list.
 DAMAGED_SUFFIX = ".damaged"
 
-_STATE, _DATA, _CONFIG = "state", "data", "config"
+STATE_ITEM, _DATA, _CONFIG, INTEGRITY_ITEM = "state", "data", "config", "integrity"
 
 
 def _now() -> float:
@@ -64,21 +75,19 @@ def _remove_tmp_dirs(directory: str) -> list[str]:
     return removed
 
 
-def _with_default_sharding(abstract_tree: Any) -> Any:
+def with_default_sharding(abstract_tree: Any) -> Any:
     """Gives ``ShapeDtypeStruct`` leaves without a sharding the first local device (orbax would guess one)."""
-    device = jax.local_devices()[0]
+    default = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
 
     def fill(leaf):
         if isinstance(leaf, jax.ShapeDtypeStruct) and getattr(leaf, "sharding", None) is None:
-            return jax.ShapeDtypeStruct(
-                leaf.shape, leaf.dtype, sharding=jax.sharding.SingleDeviceSharding(device)
-            )
+            return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=default)
         return leaf
 
     return jax.tree.map(fill, abstract_tree)
 
 
-def _short(error: BaseException, limit: int = 300) -> str:
+def short_error(error: BaseException, limit: int = 300) -> str:
     """One line naming the exception type, for logs and error messages (tensorstore errors run to pages)."""
     text = " ".join(str(error).split())
     if len(text) > limit:
@@ -132,9 +141,7 @@ class Checkpointer:
         self.save_every_minutes = save_every_minutes
         self.read_only = read_only
         if read_only and not os.path.isdir(self.directory):
-            raise FileNotFoundError(
-                f"checkpoint directory {self.directory} does not exist (opened read-only)"
-            )
+            raise MissingFileError(f"checkpoint directory {self.directory} does not exist (opened read-only)")
 
         if not read_only and jax.process_index() == 0:
             removed = _remove_tmp_dirs(self.directory)
@@ -168,6 +175,22 @@ class Checkpointer:
         steps = self.all_steps()
         return steps[-1] if steps else None
 
+    def existing_steps(self) -> list[int]:
+        """The finished steps on disk now (a fresh directory listing, after any background save ended)."""
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:  # a failed background save: what is on disk is what counts
+            _log.warning("A background checkpoint save failed: %s", short_error(e))
+        names = os.listdir(self.directory) if os.path.isdir(self.directory) else []
+        return sorted(int(n) for n in names if n.isdigit() and os.path.isdir(os.path.join(self.directory, n)))
+
+    def last_good_message(self) -> str:
+        """"The last good checkpoint is step N in DIR" naming a step that exists, or "There is no ..."."""
+        steps = self.existing_steps()
+        if not steps:
+            return f"There is no checkpoint in {self.directory} yet."
+        return f"The last good checkpoint is step {steps[-1]} in {self.directory}."
+
     # ------------------------------------------------------------------------------------------------ saving
     def should_save(self, step: int) -> bool:
         """True if ``step`` is due: a positive multiple of ``save_every_steps``, or ``save_every_minutes`` up.
@@ -189,11 +212,19 @@ class Checkpointer:
             due = bool(multihost_utils.broadcast_one_to_all(np.asarray(due)))
         return due
 
-    def save(self, step: int, state: Any, *, data_state: dict, config: dict, force: bool = False) -> bool:
+    def save(self, step: int, state: Any, *, data_state: dict, config: dict, force: bool = False,
+             metadata: dict | None = None) -> bool:
         """Starts saving ``state``, ``data_state`` and ``config`` as ``step`` if it is due (or ``force``).
+
+        Before saving, one jitted pass over ``state`` computes its checksums and counts non-finite values
+        (``checkpoint_checks.state_digest``); ``metadata`` (a JSON dict) is stored beside them.
 
         Returns True if a save was started, False if it was not due or ``step`` is already saved. Call it
         every step, or after :meth:`should_save`. All processes must call it together.
+
+        Raises:
+          NonFiniteStateError: ``state`` holds NaN or inf; nothing is saved, and the message names the
+            step, the arrays and the last good checkpoint that exists.
         """
         if self.read_only:
             raise ValueError(f"cannot save step {step} to {self.directory}: the Checkpointer is read-only")
@@ -203,13 +234,24 @@ class Checkpointer:
             _log.info(
                 "Checkpoint for step %d already exists in %s; not saving it again", step, self.directory)
             return False
-        args = ocp.args.Composite(
-            **{
-                _STATE: ocp.args.StandardSave(state),
-                _DATA: ocp.args.JsonSave(dict(data_state)),
-                _CONFIG: ocp.args.JsonSave(dict(config)),
-            }
-        )
+        digest = checks.state_digest(state)
+        bad = checks.nonfinite_arrays(digest)
+        if bad:
+            raise NonFiniteStateError(
+                f"the state after step {step} holds NaN/inf in {len(bad)} of {len(digest)} arrays "
+                f"({checks.first_few(bad)}); "
+                f"it was not saved. {self.last_good_message()} Lower the learning rate "
+                "(train.learning_rate_scale) or check the data, then run again to resume from it.")
+        integrity = {
+            "format": checks.DIGEST_FORMAT,
+            "arrays": {p: {k: d[k] for k in ("h", "shape", "dtype")} for p, d in digest.items()},
+            "data_sha256": checks.json_sha256(dict(data_state)),
+            "config_sha256": checks.json_sha256(dict(config)),
+            "metadata": dict(metadata or {}),
+        }
+        args = ocp.args.Composite(**{
+            STATE_ITEM: ocp.args.StandardSave(state), _DATA: ocp.args.JsonSave(dict(data_state)),
+            _CONFIG: ocp.args.JsonSave(dict(config)), INTEGRITY_ITEM: ocp.args.JsonSave(integrity)})
         started = bool(self._manager.save(step, args=args, force=True))
         if started:
             self._last_save_time = _now()
@@ -222,38 +264,74 @@ class Checkpointer:
         self._manager.wait_until_finished()
 
     def close(self) -> None:
-        """Waits for background saves and releases orbax's resources."""
-        self._manager.wait_until_finished()
-        self._manager.close()
+        """Waits for background saves and releases orbax's resources (also when a save failed)."""
+        try:
+            self._manager.wait_until_finished()
+        finally:
+            self._manager.close()
 
     def __enter__(self) -> Checkpointer:
         return self
 
-    def __exit__(self, *exc_info) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc_info) -> None:
+        try:  # also on an exception: finish the save in flight (then the original error propagates)
+            self.close()
+        except Exception as e:
+            if exc_type is None:
+                raise
+            _log.warning("Closing the checkpointer of %s failed: %s", self.directory, short_error(e))
 
     # --------------------------------------------------------------------------------------------- restoring
+    def _read_integrity(self, step: int) -> dict | None:
+        """The ``integrity`` item of ``step``; None for checkpoints written before it existed."""
+        if not os.path.isdir(os.path.join(self.directory, str(step), INTEGRITY_ITEM)):
+            return None
+        integrity = self._manager.restore(
+            step, args=ocp.args.Composite(**{INTEGRITY_ITEM: ocp.args.JsonRestore()}))[INTEGRITY_ITEM]
+        if not isinstance(integrity, dict) or not isinstance(integrity.get("arrays"), dict):
+            raise ValueError(f"item {INTEGRITY_ITEM!r} should hold a JSON object with 'arrays'")
+        return integrity
+
+    def check_shapes(self, step: int, abstract_state: Any, prefix: str = "") -> dict | None:
+        """Checks the saved shapes against ``abstract_state`` before reading arrays; returns the integrity.
+
+        Raises:
+          CheckpointMismatchError: the checkpoint holds another model's arrays (listed, saved vs expected).
+        """
+        integrity = self._read_integrity(step)
+        if integrity is None:
+            return None
+        differences = checks.shape_differences(integrity["arrays"], abstract_state, prefix)
+        if differences:
+            raise CheckpointMismatchError(
+                f"checkpoint step {step} in {self.directory} holds another model's arrays "
+                f"({checks.first_few(differences, 6, '; ')}). "
+                "Use the model config it was trained with, or another workdir.")
+        return integrity
+
     def _restore_step(self, step: int, abstract_state: Any) -> tuple[Any, dict, dict]:
-        args = ocp.args.Composite(
-            **{
-                _STATE: ocp.args.StandardRestore(_with_default_sharding(abstract_state)),
-                _DATA: ocp.args.JsonRestore(),
-                _CONFIG: ocp.args.JsonRestore(),
-            }
-        )
+        integrity = self.check_shapes(step, abstract_state)
+        target = with_default_sharding(abstract_state)
+        args = ocp.args.Composite(**{STATE_ITEM: ocp.args.StandardRestore(target),
+                                     _DATA: ocp.args.JsonRestore(), _CONFIG: ocp.args.JsonRestore()})
         restored = self._manager.restore(step, args=args)
         data_state, config = restored[_DATA], restored[_CONFIG]
         for name, value in ((_DATA, data_state), (_CONFIG, config)):
             if not isinstance(value, dict):
                 raise ValueError(f"item {name!r} should hold a JSON object, got {type(value).__name__}")
-        return restored[_STATE], data_state, config
+        if integrity is not None:
+            if integrity.get("format") == checks.DIGEST_FORMAT:
+                checks.verify_digest(integrity["arrays"], restored[STATE_ITEM])
+            for name, value in ((_DATA, data_state), (_CONFIG, config)):
+                if integrity.get(f"{name}_sha256") not in (None, checks.json_sha256(value)):
+                    raise checks.CorruptCheckpointError(f"item {name!r} changed after the save")
+        return restored[STATE_ITEM], data_state, config
 
     def _require_step(self, step: int) -> None:
         steps = self.all_steps()
         if step not in steps:
-            raise FileNotFoundError(
-                f"no checkpoint for step {step} in {self.directory}; available steps: {steps or 'none'}"
-            )
+            raise MissingFileError(
+                f"no checkpoint for step {step} in {self.directory}; available steps: {steps or 'none'}")
 
     def _quarantine(self, steps: Sequence[int]) -> None:
         """Renames damaged step directories out of orbax's view, so the resumed run can save those steps."""
@@ -268,7 +346,7 @@ class Checkpointer:
                     os.rename(src, dst)
                     _log.warning("Moved damaged checkpoint %s aside to %s", src, dst)
                 except OSError as e:
-                    _log.warning("Could not move damaged checkpoint %s aside: %s", src, _short(e))
+                    _log.warning("Could not move damaged checkpoint %s aside: %s", src, short_error(e))
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices("transformer_jax.checkpoint.quarantine")
         self._manager.reload()
@@ -282,9 +360,11 @@ class Checkpointer:
           step: the step to restore; None means the newest step that restores cleanly. A damaged newest step
             is skipped with a warning naming the directory, step and error, and (unless read-only) renamed to
             ``<step>.damaged-<time>`` once an older step restored, so the resumed run can write it again.
+            A step deleted while read (a trainer's ``max_to_keep``) is skipped for the newest that exists.
 
         Raises:
           FileNotFoundError: no checkpoints, or ``step`` is not among them.
+          CheckpointMismatchError: the saved arrays have other shapes than ``abstract_state`` (not damage).
           RuntimeError: the explicitly requested ``step`` is damaged, or (step None) no step restores; the
             message names the directory, the steps tried and their errors.
         """
@@ -292,160 +372,84 @@ class Checkpointer:
             self._require_step(step)
             try:
                 state, data_state, config = self._restore_step(step, abstract_state)
+            except CheckpointMismatchError:
+                raise
             except Exception as e:
                 raise RuntimeError(
-                    f"checkpoint step {step} in {self.directory} could not be restored ({_short(e)}); "
+                    f"checkpoint step {step} in {self.directory} could not be restored ({short_error(e)}); "
                     f"available steps: {self.all_steps()}"
                 ) from e
             self._last_saved_step = max(step, self._last_saved_step or step)
             return state, data_state, config, step
 
-        steps = self.all_steps()
-        if not steps:
-            raise FileNotFoundError(f"no checkpoints to restore in {self.directory}")
+        if not self.all_steps():
+            raise MissingFileError(f"no checkpoints to restore in {self.directory}")
         failed: list[tuple[int, Exception]] = []
-        for candidate in reversed(steps):
+        while candidates := [s for s in self.all_steps() if s not in {f for f, _ in failed}]:
+            candidate = candidates[-1]
             try:
                 state, data_state, config = self._restore_step(candidate, abstract_state)
-            # Damage shows up as ValueError, OSError, JSONDecodeError or tensorstore errors.
+            except CheckpointMismatchError:
+                raise
+            # Damage shows up as ValueError, OSError, JSONDecodeError, tensorstore or checksum errors.
             except Exception as e:
+                if not os.path.isdir(os.path.join(self.directory, str(candidate))):
+                    _log.warning("Checkpoint step %d in %s was removed while it was read (a running trainer "
+                                 "keeps only its newest checkpoints); taking the newest one that exists",
+                                 candidate, self.directory)
+                    failed.append((candidate, None))
+                    continue
                 _log.warning(
                     "Checkpoint step %d in %s is damaged and was skipped (%s); trying an older step",
-                    candidate, self.directory, _short(e))
+                    candidate, self.directory, short_error(e))
                 failed.append((candidate, e))
                 continue
             # Only once an older step worked: if all fail the cause is more likely the target than the files.
-            self._quarantine([s for s, _ in failed])
+            self._quarantine([s for s, e in failed if e is not None])
             self._last_saved_step = max(candidate, self._last_saved_step or candidate)
             return state, data_state, config, candidate
-        details = "; ".join(f"step {s}: {_short(e, 200)}" for s, e in failed)
-        raise RuntimeError(
+        errors = [(s, e) for s, e in failed if e is not None]
+        details = "; ".join(f"step {s}: {short_error(e, 200)}" for s, e in errors)
+        raise NoUsableCheckpointError(
             f"no checkpoint in {self.directory} could be restored (tried steps {[s for s, _ in failed]}): "
             f"{details}. If every step fails the same way, check that abstract_state matches the saved state "
             "(model config)."
-        ) from failed[0][1]
+        ) from (errors[0][1] if errors else None)
 
-    def restore_config(self, step: int | None = None) -> dict:
-        """Only the run config of ``step`` (default: the newest step whose config reads); no arrays."""
-        candidates = [step] if step is not None else list(reversed(self.all_steps()))
+    def saved_info(self, step: int | None = None) -> tuple[int, dict, dict]:
+        """``(step, config, metadata)`` of ``step`` (default: the newest step whose config reads); no arrays.
+
+        ``metadata`` is what :meth:`save` was given (empty for checkpoints older than the integrity item).
+        """
         if step is not None:
             self._require_step(step)
+        candidates = [step] if step is not None else list(reversed(self.all_steps()))
         if not candidates:
-            raise FileNotFoundError(f"no checkpoints to read a config from in {self.directory}")
+            raise MissingFileError(f"no checkpoints to read a config from in {self.directory}")
         errors = []
         for candidate in candidates:
             try:
                 config = self._manager.restore(
                     candidate, args=ocp.args.Composite(config=ocp.args.JsonRestore())
-                )
-                config = config[_CONFIG]
+                )[_CONFIG]
                 if not isinstance(config, dict):
                     raise ValueError(f"expected a JSON object, got {type(config).__name__}")
-                return config
+                integrity = self._read_integrity(candidate) or {}
+                return candidate, config, dict(integrity.get("metadata", {}))
             except Exception as e:
                 if step is not None:
                     raise RuntimeError(
                         f"config of checkpoint step {step} in {self.directory} could not be read "
-                        f"({_short(e)})"
+                        f"({short_error(e)})"
                     ) from e
+                if not os.path.isdir(os.path.join(self.directory, str(candidate))):
+                    continue  # removed by a running trainer while we read it
                 _log.warning(
                     "Config of checkpoint step %d in %s is damaged (%s); trying an older step",
-                    candidate, self.directory, _short(e))
-                errors.append(f"step {candidate}: {_short(e, 200)}")
-        raise RuntimeError(f"no readable config in {self.directory}: {'; '.join(errors)}")
+                    candidate, self.directory, short_error(e))
+                errors.append(f"step {candidate}: {short_error(e, 200)}")
+        raise NoUsableCheckpointError(f"no readable config in {self.directory}: {'; '.join(errors)}")
 
-
-# ------------------------------------------------------------------------------------------------ averaging
-def _subtree(tree: Any, path: Sequence[str]) -> Any:
-    for key in path:
-        tree = tree[key] if isinstance(tree, Mapping) else getattr(tree, key)
-    return tree
-
-
-def _nest(path: Sequence[str], leaf_tree: Any) -> Any:
-    for key in reversed(path):
-        leaf_tree = {key: leaf_tree}
-    return leaf_tree
-
-
-def average_checkpoints(
-    directory: str, abstract_params_or_state: Any, last_n: int, *, item_path: Sequence[str] = ("params",),
-    steps: Sequence[int] | None = None,
-) -> Any:
-    """The element-wise mean of the parameters of the newest ``last_n`` checkpoints (paper section 6.1).
-
-    Only the sub-tree at ``item_path`` of each saved state is read (an orbax partial restore), and the mean is
-    a running float32 sum, so memory holds two copies of the parameters. The result has the dtypes (and
-    shardings) of the abstract parameters.
-
-    Args:
-      directory: a checkpoint directory written by :class:`Checkpointer`.
-      abstract_params_or_state: the abstract parameters, or the whole abstract state (its ``item_path``
-        sub-tree is used if it has one; a parameter tree that itself contains ``item_path`` is therefore
-        mistaken for a state: pass the state then).
-      last_n: how many of the newest steps to average (5 for base, 20 for big).
-      item_path: where the parameters sit in the saved state.
-      steps: average exactly these steps instead of the newest ``last_n`` (e.g. the N ending at a step).
-
-    Raises:
-      ValueError: fewer than ``last_n`` steps exist (the paper's protocol needs exactly ``last_n``).
-      RuntimeError: a step could not be read (named with the directory).
-    """
-    if last_n < 1:
-        raise ValueError(f"last_n must be >= 1, got {last_n}")
-    item_path = tuple(item_path)
-    try:
-        abstract_params = _subtree(abstract_params_or_state, item_path)
-    except (KeyError, AttributeError, TypeError):
-        abstract_params = abstract_params_or_state
-    abstract_params = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
-        abstract_params,
-    )
-    target = _nest(item_path, _with_default_sharding(abstract_params))
-    restore_args = ocp.checkpoint_utils.construct_restore_args(target)
-
-    # A fresh read-only manager: one that has saved with StandardSave refuses PyTreeRestore for the same item.
-    manager = ocp.CheckpointManager(
-        os.path.abspath(os.fspath(directory)),
-        options=ocp.CheckpointManagerOptions(read_only=True, create=False),
-    )
-    try:
-        available = sorted(int(s) for s in manager.all_steps())
-        if steps is not None:
-            missing = sorted(set(steps) - set(available))
-            if missing:
-                raise ValueError(f"steps {missing} are not in {directory} (it has {available})")
-            available = sorted(steps)
-        steps = available
-        if len(steps) < last_n:
-            raise ValueError(
-                f"averaging needs the last {last_n} checkpoints but {directory} has {len(steps)} "
-                f"(steps {steps}); train longer, lower last_n, or set Checkpointer(max_to_keep>={last_n})"
-            )
-        chosen = steps[-last_n:]
-        total = None
-        for step in chosen:
-            try:
-                restored = manager.restore(
-                    step,
-                    args=ocp.args.Composite(
-                        **{
-                            _STATE: ocp.args.PyTreeRestore(
-                                target, restore_args=restore_args, partial_restore=True
-                            )
-                        }
-                    ),
-                )
-            except Exception as e:
-                raise RuntimeError(
-                    f"checkpoint step {step} in {directory} could not be read for averaging ({_short(e)})"
-                ) from e
-            params = _subtree(restored[_STATE], item_path)
-            params = jax.tree.map(lambda p: jnp.asarray(p, jnp.float32), params)
-            total = params if total is None else jax.tree.map(jnp.add, total, params)
-            del restored, params
-    finally:
-        manager.close()
-    _log.info("Averaged parameters of steps %s from %s", chosen, directory)
-    return jax.tree.map(lambda s, a: (s / last_n).astype(a.dtype), total, abstract_params)
+    def restore_config(self, step: int | None = None) -> dict:
+        """Only the run config of ``step`` (default: the newest step whose config reads); no arrays."""
+        return self.saved_info(step)[1]
