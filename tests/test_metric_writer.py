@@ -54,3 +54,18 @@ def test_disabled_writer_writes_nothing(tmp_path, metrics):
     writer.write(1, metrics)
     writer.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_resumed_writer_drops_the_rows_past_its_step(tmp_path):
+    """After a resume from step 4, the rows an interrupted run logged for steps 5 and 6 are redone."""
+    writer = MetricWriter(str(tmp_path), enabled=True, total_steps=6)
+    for step in range(1, 7):
+        writer.write(step, {"train_loss": float(step)})
+    writer.close()
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 7, "train_lo')  # a line cut short by kill -9
+    writer = MetricWriter(str(tmp_path), enabled=True, total_steps=6, initial_step=4)
+    writer.write(5, {"train_loss": 50.0})
+    writer.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["train_loss"]) for r in rows] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 50.0)]

@@ -56,3 +56,18 @@ def test_preemption_guard_several_processes_agree(monkeypatch):
         assert guard.check_every == 10
         assert [s for s in range(1, 21) if guard.should_stop(s)] == [10, 20]
     assert gathered == [0, 0]  # one collective per check step, carrying this process's (unset) flag
+
+
+def test_interrupting_raises_at_once_and_only_inside_the_block():
+    with PreemptionGuard() as guard:
+        with pytest.raises(preemption.Preempted, match="SIGTERM"):
+            with guard.interrupting():
+                os.kill(os.getpid(), signal.SIGTERM)
+                raise AssertionError("not interrupted")  # the handler raises before this line
+        assert guard.requested and guard.signal_name == "SIGTERM"
+    with PreemptionGuard() as guard:
+        os.kill(os.getpid(), signal.SIGINT)  # outside the block: only the flag
+        assert guard.should_stop(1)
+        with pytest.raises(preemption.Preempted, match="SIGINT"):  # a signal already received
+            with guard.interrupting():
+                raise AssertionError("not interrupted")

@@ -1,11 +1,16 @@
 """Where training metrics go: a progress bar, ``metrics.jsonl`` and TensorBoard event files.
 
 TensorBoard files come from tensorboardX, which does not need TensorFlow. Only process 0 writes.
+
+A resumed run redoes the steps after its checkpoint, so the writer first drops what the interrupted run
+logged past ``initial_step``: rows of ``metrics.jsonl`` with a larger step (and a line cut short by a
+kill), and, through tensorboardX's ``purge_step``, TensorBoard events from ``initial_step + 1`` on.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 
@@ -24,8 +29,10 @@ class MetricWriter:
         self.last_step = initial_step
         if not enabled:
             return
-        self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a")  # noqa: SIM115
-        self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+        path = os.path.join(workdir, "metrics.jsonl")
+        purge_rows_after(path, initial_step)
+        self._jsonl = open(path, "a")  # noqa: SIM115
+        self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=initial_step + 1)
         self._bar = tqdm.tqdm(total=total_steps, initial=initial_step, unit="step",
                               dynamic_ncols=True, mininterval=1.0)
 
@@ -53,3 +60,30 @@ class MetricWriter:
             self._bar.close()
             self._tb.close()
             self._jsonl.close()
+
+
+def purge_rows_after(path: str, step: int) -> int:
+    """Drops the rows of a metrics.jsonl with a step above ``step`` (and unreadable lines); returns how many.
+
+    The file is rewritten atomically (a new file renamed over it), so a kill leaves the old or the new one.
+    """
+    if not os.path.exists(path):
+        return 0
+    with open(path) as f:
+        lines = f.read().splitlines()
+    kept = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
+            kept.append(line)
+    dropped = len(lines) - len(kept)
+    if dropped:
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.writelines(line + "\n" for line in kept)
+        os.replace(tmp, path)
+        logging.info("Dropped %d rows past step %d from %s (a resumed run redoes them)", dropped, step, path)
+    return dropped

@@ -1,7 +1,14 @@
-"""Preemption: SIGTERM / SIGINT become "save a checkpoint and stop at the next step", agreed across hosts."""
+"""Preemption: SIGTERM / SIGINT become "save a checkpoint and stop at the next step", agreed across hosts.
+
+A training run holds one guard from setup to the end, so a signal in any phase ends it cleanly (exit 0):
+during setup (tokenizer, initialization, restore) it is noticed once setup is done, before the first step;
+during the loop the run saves at the next step and stops; inside ``guard.interrupting()`` (the final
+evaluation, which saves nothing) it raises ``Preempted`` at once.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 from collections.abc import Sequence
@@ -12,6 +19,10 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 _log = logging.getLogger(__name__)
+
+
+class Preempted(Exception):
+    """A SIGTERM / SIGINT arrived inside ``PreemptionGuard.interrupting()``."""
 
 
 class PreemptionGuard:
@@ -45,20 +56,40 @@ class PreemptionGuard:
         self.signals = tuple(signals)
         self._previous: dict[int, Any] = {}
         self._requested: int | None = None  # the signal number received, if any
+        self._interrupting = False
 
     @property
     def requested(self) -> bool:
         """Whether this process received a signal (before any agreement with other processes)."""
         return self._requested is not None
 
+    @property
+    def signal_name(self) -> str | None:
+        """"SIGTERM" or "SIGINT" once a signal arrived, else None."""
+        return None if self._requested is None else signal.Signals(self._requested).name
+
     def _handle(self, signum, frame) -> None:
         del frame
         self._requested = signum
+        self._restore_handlers()
+        if self._interrupting:
+            raise Preempted(f"received {self.signal_name}")
         _log.warning(
             "Received %s: will save a checkpoint and stop at the next step check. Send it again to quit now.",
-            signal.Signals(signum).name,
+            self.signal_name,
         )
-        self._restore_handlers()
+
+    @contextlib.contextmanager
+    def interrupting(self):
+        """Within this block a signal (or one already received) raises ``Preempted`` instead of waiting
+        for a step check: for phases that save nothing, such as the final evaluation. One process only."""
+        if self.requested:
+            raise Preempted(f"received {self.signal_name}")
+        self._interrupting = True
+        try:
+            yield
+        finally:
+            self._interrupting = False
 
     def _restore_handlers(self) -> None:
         for signum, handler in self._previous.items():
