@@ -60,9 +60,9 @@ def get_config() -> ml_collections.ConfigDict:
     # Multiplies d_model^-0.5 * min(step^-0.5, step * warmup^-1.5): 0.5 peaks at 2.2e-3 here; at 2.0
     # this post-norm model stalls at ~33% token accuracy.
     config.train.learning_rate_scale = 0.5
-    config.train.adam_b1 = 0.9  # paper: 0.9
-    config.train.adam_b2 = 0.98  # paper: 0.98
-    config.train.adam_eps = 1e-9  # paper: 1e-9
+    config.train.adam_b1 = paper.ADAM["b1"]  # 0.9
+    config.train.adam_b2 = paper.ADAM["b2"]  # 0.98
+    config.train.adam_eps = paper.ADAM["eps"]  # 1e-9
     config.train.label_smoothing = 0.1  # epsilon_ls (section 5.4)
     config.train.grad_accum_steps = 1  # micro-batches per update; each batch is split this many ways
     config.train.max_grad_norm = 0.0  # global norm clipping; 0 disables it (the paper does not clip)
@@ -71,6 +71,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.log_every_steps = 50  # host syncs only at these steps
     config.eval_every_steps = 500  # dev loss / PPL and dev BLEU
     config.eval_bleu_examples = 200  # dev sentences decoded for the periodic BLEU (greedy)
+    config.dev_bleu_protocol = "sacrebleu"  # periodic dev BLEU: "sacrebleu", "tokenized" or "multi30k"
     config.final_eval_split = "test"  # split decoded and scored at the end ("" skips)
     config.final_beam_size = paper.BEAM_SIZE  # beam for the final evaluation
     config.final_alpha = paper.LENGTH_PENALTY_ALPHA  # GNMT length penalty

@@ -38,5 +38,6 @@ def get_config():
     config.train.learning_rate_scale = 0.6  # peak lr 1.9e-3; the post-norm model stalls much above it
     config.eval_every_steps = 250
     config.eval_bleu_examples = 200
+    config.dev_bleu_protocol = "multi30k"  # the dataset's own convention (lowercased, Moses-tokenized)
     config.checkpoint_every_steps = 250
     return config

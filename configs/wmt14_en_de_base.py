@@ -17,19 +17,19 @@ def get_config():
     config.data.tfds_name = "wmt14_translate/de-en"
     config.data.src_lang = "en"
     config.data.tgt_lang = "de"
-    config.data.vocab_size = 37_000  # shared BPE (section 5.1)
+    config.data.vocab_size = paper.VOCAB_EN_DE  # shared BPE (section 5.1)
     config.data.tokenizer_train_examples = 2_000_000  # sentences sampled to train SentencePiece
     config.data.max_len = 256  # tensor2tensor's max_length at release
-    config.data.tokens_per_batch = 25_000  # ~25k source and ~25k target tokens per step (section 5.1)
+    config.data.tokens_per_batch = paper.TOKENS_PER_BATCH  # ~25k source and target tokens (section 5.1)
     config.data.length_buckets = (16, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256)
 
     config.model = default_lib.model_config()  # ModelConfig's defaults are the paper's base model
+    # Positions cover the longest bucket plus the decoding allowance (input + 50), as evaluation needs.
+    config.model.max_len = config.data.length_buckets[-1] + paper.MAX_EXTRA_LEN
 
-
-    config.train.num_steps = 100_000
+    config.train.update(paper.BASE_TRAIN)  # label smoothing 0.1, 100k steps
     config.train.warmup_steps = paper.WARMUP_STEPS
     config.train.learning_rate_scale = 1.0  # the paper's schedule exactly
-    config.train.label_smoothing = 0.1
 
     config.log_every_steps = 100
     config.eval_every_steps = 5000

@@ -5,6 +5,7 @@ the paper averaged the last 20 checkpoints.
 """
 
 from configs import wmt14_en_de_base as base_lib
+from transformer_jax import paper
 
 
 def get_config():
@@ -14,5 +15,5 @@ def get_config():
     config.model.d_ff = 4096
     config.model.num_heads = 16  # d_k = d_v = 1024 / 16 = 64
     config.model.dropout_rate = 0.3
-    config.train.num_steps = 300_000
+    config.train.num_steps = paper.TABLE3_BY_NAME["big"].num_steps  # 300k
     return config

@@ -4,6 +4,7 @@ As the EN-DE big config, except: P_drop=0.1 (section 6.1) and a 32k shared vocab
 """
 
 from configs import wmt14_en_de_big as big_lib
+from transformer_jax import paper
 
 
 def get_config():
@@ -12,6 +13,6 @@ def get_config():
     config.data.tfds_name = "wmt14_translate/fr-en"
     config.data.src_lang = "en"
     config.data.tgt_lang = "fr"
-    config.data.vocab_size = 32_000
+    config.data.vocab_size = paper.VOCAB_EN_FR
     config.model.dropout_rate = 0.1
     return config

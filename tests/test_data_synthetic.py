@@ -73,7 +73,7 @@ def test_every_source_word_has_a_base_translation():
     pairs = SyntheticSource(train_size=3001, dev_size=1, test_size=1, seed=0).pairs("train")
     table = base_translations(0)
     vocab = {w.lower() for src, _ in pairs for w in _words(src)}
-    names = {n.lower() for n in synthetic._NAMES}
+    names = {n.lower() for n in synthetic.NAMES}
     assert vocab - names <= set(table)
     assert 150 <= len(vocab) <= 400  # small enough to learn on a CPU
 
@@ -100,7 +100,7 @@ def test_target_reorders_adjectives_and_puts_subordinate_verbs_last():
         src_words, tgt_words = _words(src.lower()), _words(tgt.lower())
         # 'the big dog' -> 'DET dog-stem big-stem+agreement'
         for adj, noun in zip(src_words, src_words[1:], strict=False):
-            if adj in synthetic._ADJECTIVES and noun in lex.noun_stem:
+            if adj in synthetic.ADJECTIVES and noun in lex.noun_stem:
                 stems = [lex.stem[adj], lex.noun_stem[noun]]
                 where = [[i for i, w in enumerate(tgt_words) if w.startswith(s)] for s in stems]
                 if len(where[0]) == len(where[1]) == 1:

@@ -140,6 +140,9 @@ def test_non_finite_loss_reports_the_step():
         def latest_step(self):
             return 5
 
+        def last_good_message(self):
+            return "The last good checkpoint is step 5 in /tmp/ckpt."
+
     with pytest.raises(FloatingPointError, match="step 7"):
         train_lib._check_and_summarize(sums, _Ckpt())
 
@@ -166,17 +169,6 @@ def test_compiled_step_donates_the_state():
     new_state, _ = _one_device_step(cfg, tx)(state, _batch())
     assert leaf.is_deleted()  # the old buffers were handed to the new state
     assert int(new_state.step) == 1
-
-
-def test_mesh_shape_resolution():
-    assert sharding.resolve_mesh_shape((-1, 1), 8) == (8, 1)
-    assert sharding.resolve_mesh_shape((-1, 2), 8) == (4, 2)
-    with pytest.raises(ValueError, match="not divisible"):
-        sharding.resolve_mesh_shape((-1, 3), 8)
-    with pytest.raises(ValueError, match="needs 6 devices, found 8"):
-        sharding.resolve_mesh_shape((3, 2), 8)
-    with pytest.raises(ValueError, match="at most one -1"):
-        sharding.resolve_mesh_shape((-1, -1), 8)
 
 
 SHARDED_SCRIPT = textwrap.dedent("""

@@ -33,159 +33,29 @@ import random
 import re
 from collections.abc import Sequence
 
-# ----------------------------------------------------------------------------- source lexicon
+import sacrebleu
 
-_NOUNS = [
-    ("dog", "dogs"), ("cat", "cats"), ("horse", "horses"), ("bird", "birds"), ("cow", "cows"),
-    ("mouse", "mice"), ("man", "men"), ("woman", "women"), ("child", "children"),
-    ("boy", "boys"), ("girl", "girls"), ("teacher", "teachers"), ("doctor", "doctors"),
-    ("farmer", "farmers"), ("king", "kings"), ("queen", "queens"), ("friend", "friends"),
-    ("neighbor", "neighbors"), ("student", "students"), ("baker", "bakers"),
-    ("house", "houses"), ("garden", "gardens"), ("table", "tables"), ("chair", "chairs"),
-    ("book", "books"), ("letter", "letters"), ("apple", "apples"), ("cake", "cakes"),
-    ("river", "rivers"), ("tree", "trees"), ("flower", "flowers"), ("city", "cities"),
-    ("village", "villages"), ("road", "roads"), ("car", "cars"), ("boat", "boats"),
-    ("window", "windows"), ("door", "doors"), ("key", "keys"), ("box", "boxes"),
-    ("bag", "bags"), ("cup", "cups"), ("glass", "glasses"), ("song", "songs"),
-    ("story", "stories"), ("picture", "pictures"), ("ball", "balls"), ("hat", "hats"),
-    ("shoe", "shoes"), ("coat", "coats"), ("mountain", "mountains"), ("bridge", "bridges"),
-    ("school", "schools"), ("market", "markets"), ("shop", "shops"), ("room", "rooms"),
-    ("bed", "beds"), ("lamp", "lamps"), ("clock", "clocks"), ("map", "maps"),
-]  # fmt: skip
-_ADJECTIVES = (
-    "big small old young red blue green white black happy sad tall short new beautiful quiet"
-    " loud strong kind clever lazy hungry tired brave rich poor warm cold dark bright"
-).split()
-# (base, third person singular, past)
-_TRANSITIVE = [
-    ("see", "sees", "saw"), ("find", "finds", "found"), ("like", "likes", "liked"),
-    ("love", "loves", "loved"), ("want", "wants", "wanted"), ("watch", "watches", "watched"),
-    ("follow", "follows", "followed"), ("help", "helps", "helped"),
-    ("carry", "carries", "carried"), ("open", "opens", "opened"),
-    ("close", "closes", "closed"), ("build", "builds", "built"), ("buy", "buys", "bought"),
-    ("sell", "sells", "sold"), ("paint", "paints", "painted"), ("write", "writes", "wrote"),
-    ("hold", "holds", "held"), ("bring", "brings", "brought"), ("meet", "meets", "met"),
-    ("visit", "visits", "visited"), ("call", "calls", "called"), ("clean", "cleans", "cleaned"),
-    ("cook", "cooks", "cooked"), ("draw", "draws", "drew"), ("hear", "hears", "heard"),
-    ("push", "pushes", "pushed"), ("pull", "pulls", "pulled"), ("catch", "catches", "caught"),
-    ("throw", "throws", "threw"), ("wash", "washes", "washed"),
-]  # fmt: skip
-_INTRANSITIVE = [
-    ("sleep", "sleeps", "slept"), ("run", "runs", "ran"), ("walk", "walks", "walked"),
-    ("sing", "sings", "sang"), ("dance", "dances", "danced"), ("laugh", "laughs", "laughed"),
-    ("cry", "cries", "cried"), ("swim", "swims", "swam"), ("wait", "waits", "waited"),
-    ("work", "works", "worked"), ("play", "plays", "played"), ("smile", "smiles", "smiled"),
-    ("jump", "jumps", "jumped"), ("fall", "falls", "fell"), ("sit", "sits", "sat"),
-]  # fmt: skip
-# Verbs taking a 'that' clause.
-_SAYING = [
-    ("say", "says", "said"), ("think", "thinks", "thought"), ("know", "knows", "knew"),
-    ("hope", "hopes", "hoped"),
-]  # fmt: skip
-_ADVERBS = (
-    "quickly slowly often today again always sometimes quietly happily early late here".split()
+from transformer_jax.data.synthetic_lexicon import (
+    ADJECTIVES,
+    ADVERBS,
+    AGREEMENT,
+    AGREEMENT_SUFFIXES,
+    COORDINATORS,
+    DETERMINERS,
+    INTRANSITIVE,
+    NAMES,
+    NOUN_PLURAL,
+    NOUNS,
+    PREPOSITIONS,
+    PRONOUNS,
+    SAYING,
+    SUBORDINATORS,
+    TRANSITIVE,
+    VERB_SUFFIX,
+    VERB_SUFFIXES,
+    Lexicon,
+    build_lexicon,
 )
-_PREPOSITIONS = "in on under near behind with without for".split()
-_COORDINATORS = ("and", "but")
-_SUBORDINATORS = ("because", "when", "if")
-# Determiners: source word -> (target lemma, numbers it allows).
-_DETERMINERS = {
-    "the": ("the", ("sg", "pl")), "a": ("a", ("sg",)), "this": ("this", ("sg",)),
-    "these": ("this", ("pl",)), "my": ("my", ("sg", "pl")), "your": ("your", ("sg", "pl")),
-    "our": ("our", ("sg", "pl")), "some": ("some", ("pl",)), "every": ("every", ("sg",)),
-}  # fmt: skip
-_NAMES = {"Anna": "f", "Maria": "f", "Lena": "f", "Eva": "f", "Tom": "m", "Paul": "m",
-          "Peter": "m", "Max": "m"}  # fmt: skip
-PERSONS = ("1s", "2s", "3s", "1p", "3p")
-# (subject, object, person, gender); 1st/2nd person and 'they' agree as masculine.
-_PRONOUNS = [("I", "me", "1s", "m"), ("you", "you", "2s", "m"), ("he", "him", "3s", "m"),
-             ("she", "her", "3s", "f"), ("we", "us", "1p", "m"), ("they", "them", "3p", "m")]  # fmt: skip
-
-# ----------------------------------------------------------------------------- target morphology
-
-GENDERS = ("m", "f", "n")
-# Agreement suffix of determiners and adjectives: [case][number][gender]. Neuter and plural
-# feminine do not distinguish case (syncretism, as in German).
-AGREEMENT = {
-    "nom": {"sg": {"m": "o", "f": "a", "n": "u"}, "pl": {"m": "i", "f": "as", "n": "ua"}},
-    "acc": {"sg": {"m": "on", "f": "an", "n": "u"}, "pl": {"m": "in", "f": "as", "n": "ua"}},
-}
-NOUN_PLURAL = {"m": "i", "f": "en", "n": "a"}
-# Verb suffix: [tense][person].
-VERB_SUFFIX = {
-    "pres": {"1s": "o", "2s": "es", "3s": "et", "1p": "emos", "3p": "ent"},
-    "past": {"1s": "ai", "2s": "aste", "3s": "ait", "1p": "amos", "3p": "aren"},
-}
-
-_CONSONANTS = "bdfgklmnprstvz"
-_VOWELS = "aeiou"
-
-
-@dataclasses.dataclass(frozen=True)
-class Lexicon:
-    """Invented target words for every source lemma (seeded).
-
-    Attributes:
-      noun_stem, noun_gender: source singular -> target stem / gender.
-      stem: any other lemma (adjective, verb base, determiner lemma, 'be') -> target stem.
-      word: uninflected words (adverbs, prepositions, conjunctions, 'not', 'that') -> target.
-      subj, obj: person+gender key like '3sf' -> target subject pronoun / object clitic.
-    """
-
-    noun_stem: dict[str, str]
-    noun_gender: dict[str, str]
-    stem: dict[str, str]
-    word: dict[str, str]
-    subj: dict[str, str]
-    obj: dict[str, str]
-
-
-def _invent(
-    rng: random.Random, used: set[str], syllables: int, final_consonant: bool, suffixes=("",)
-) -> str:
-    """A fresh pronounceable stem: `syllables` CV syllables, optionally closed by a consonant.
-
-    None of its inflected forms (stem + each of `suffixes`) is a form of an earlier word.
-    """
-    while True:
-        stem = "".join(rng.choice(_CONSONANTS) + rng.choice(_VOWELS) for _ in range(syllables))
-        if final_consonant:
-            stem += rng.choice(_CONSONANTS)
-        forms = {stem + s for s in suffixes}
-        if not forms & used:
-            used |= forms
-            return stem
-
-
-_AGREEMENT_SUFFIXES = tuple(
-    {s for numbers in AGREEMENT.values() for genders in numbers.values() for s in genders.values()}
-)
-_VERB_SUFFIXES = tuple(s for persons in VERB_SUFFIX.values() for s in persons.values())
-
-
-@functools.lru_cache(maxsize=8)
-def build_lexicon(seed: int) -> Lexicon:
-    """The target language of `seed`; no two lemmas share an inflected form."""
-    rng = random.Random(f"lexicon-{seed}")
-    used: set[str] = set(_NAMES)
-    noun_gender = {sg: rng.choice(GENDERS) for sg, _ in _NOUNS}
-    noun_stem = {
-        sg: _invent(rng, used, 2, True, ("", NOUN_PLURAL[noun_gender[sg]])) for sg, _ in _NOUNS
-    }
-    stem = {a: _invent(rng, used, 2, True, sorted(_AGREEMENT_SUFFIXES)) for a in _ADJECTIVES}
-    for base, _, _ in _TRANSITIVE + _INTRANSITIVE + _SAYING:
-        stem[base] = _invent(rng, used, 2, True, _VERB_SUFFIXES)
-    stem["be"] = _invent(rng, used, 1, True, _VERB_SUFFIXES)
-    for lemma in sorted({lemma for lemma, _ in _DETERMINERS.values()}):
-        stem[lemma] = _invent(rng, used, 1, True, sorted(_AGREEMENT_SUFFIXES))
-    word = {w: _invent(rng, used, 2, False) for w in _ADVERBS}
-    for w in _PREPOSITIONS + list(_COORDINATORS + _SUBORDINATORS) + ["that", "not"]:
-        word[w] = _invent(rng, used, 1, False)
-    keys = [p + g for _, _, p, g in _PRONOUNS]
-    subj = {k: _invent(rng, used, 1, False) for k in keys}
-    obj = {k: _invent(rng, used, 1, True) for k in keys}
-    return Lexicon(noun_stem, noun_gender, stem, word, subj, obj)
-
 
 # ----------------------------------------------------------------------------- the grammar
 
@@ -209,24 +79,24 @@ class _Generator:
         rng, lex = self.rng, self.lex
         r = rng.random()
         if r < 0.08:  # pronoun
-            s, o, person, gender = rng.choice(_PRONOUNS)
+            s, o, person, gender = rng.choice(PRONOUNS)
             key = person + gender
             if case == "nom":
                 return _Phrase([s], [lex.subj[key]], person, gender)
             return _Phrase([o], [lex.obj[key]], person, gender, clitic=True)
         if r < 0.14:  # name, copied
-            name = rng.choice(sorted(_NAMES))
-            return _Phrase([name], [name], "3s", _NAMES[name])
-        sg, pl = rng.choice(_NOUNS)
+            name = rng.choice(sorted(NAMES))
+            return _Phrase([name], [name], "3s", NAMES[name])
+        sg, pl = rng.choice(NOUNS)
         number = "pl" if rng.random() < 0.35 else "sg"
         gender = lex.noun_gender[sg]
-        det = rng.choice([d for d, (_, nums) in _DETERMINERS.items() if number in nums])
+        det = rng.choice([d for d, (_, nums) in DETERMINERS.items() if number in nums])
         suffix = AGREEMENT[case][number][gender]
         num_adj = rng.choices((0, 1, 2), weights=(55, 30, 15))[0]
-        adjs = rng.sample(_ADJECTIVES, num_adj)
+        adjs = rng.sample(ADJECTIVES, num_adj)
         noun_t = lex.noun_stem[sg] + (NOUN_PLURAL[gender] if number == "pl" else "")
         src = [det, *adjs, pl if number == "pl" else sg]
-        tgt = [lex.stem[_DETERMINERS[det][0]] + suffix, noun_t]
+        tgt = [lex.stem[DETERMINERS[det][0]] + suffix, noun_t]
         tgt += [lex.stem[a] + suffix for a in adjs]  # adjectives follow the noun
         if allow_pp and rng.random() < 0.15:
             pp = self.prep_phrase()
@@ -234,7 +104,7 @@ class _Generator:
         return _Phrase(src, tgt, "3s" if number == "sg" else "3p", gender)
 
     def prep_phrase(self) -> _Phrase:
-        prep = self.rng.choice(_PREPOSITIONS)
+        prep = self.rng.choice(PREPOSITIONS)
         # A pronoun object stays after the preposition ('with him'), in its object form.
         np_ = self.noun_phrase("acc", allow_pp=False)
         return _Phrase([prep, *np_.src], [self.lex.word[prep], *np_.tgt])
@@ -270,13 +140,13 @@ class _Generator:
             verb_src = [be[tense].get(subj.person, default)] + (["not"] if neg else [])
             neg_t = [lex.word["not"]] if neg else []
             verb_t = lex.stem["be"] + VERB_SUFFIX[tense][subj.person]
-            adj = rng.choice(_ADJECTIVES)
+            adj = rng.choice(ADJECTIVES)
             number = "sg" if subj.person[1] == "s" else "pl"
             after_src = [adj]
             tail_t = [lex.stem[adj] + AGREEMENT["nom"][number][subj.gender]]
         else:
             forms = rng.choice(
-                {"trans": _TRANSITIVE, "intrans": _INTRANSITIVE, "say": _SAYING}[kind]
+                {"trans": TRANSITIVE, "intrans": INTRANSITIVE, "say": SAYING}[kind]
             )
             verb_src, neg_t, verb_t = self.verb_group(forms, subj, tense, neg)
             if kind == "trans":
@@ -290,7 +160,7 @@ class _Generator:
         extra_t: list[str] = []
         if kind != "say":
             if rng.random() < 0.3:
-                adv = rng.choice(_ADVERBS)
+                adv = rng.choice(ADVERBS)
                 extra_src, extra_t = [adv], [lex.word[adv]]
             if rng.random() < 0.25:
                 pp = self.prep_phrase()
@@ -313,11 +183,11 @@ class _Generator:
         src, tgt = first.src, first.tgt
         for _ in range(rng.choices((0, 1, 2, 3), weights=(45, 35, 15, 5))[0]):
             if rng.random() < 0.5:
-                conj = rng.choice(_COORDINATORS)
+                conj = rng.choice(COORDINATORS)
                 clause = self.clause(subordinate=False)
                 comma = [","] if conj == "but" else []
             else:
-                conj = rng.choice(_SUBORDINATORS)
+                conj = rng.choice(SUBORDINATORS)
                 clause = self.clause(subordinate=True)
                 comma = [","]
             src = src + [conj, *clause.src]
@@ -418,23 +288,23 @@ def _lemma_tables(seed: int) -> tuple[dict[str, str], dict[str, str]]:
         src.update(dict.fromkeys(source_forms, lemma))
         tgt.update(dict.fromkeys(target_forms, lemma))
 
-    for sg, pl in _NOUNS:
+    for sg, pl in NOUNS:
         add(sg, (sg, pl), (lex.noun_stem[sg], lex.noun_stem[sg] + NOUN_PLURAL[lex.noun_gender[sg]]))
-    for adj in _ADJECTIVES:
-        add(adj, (adj,), (lex.stem[adj] + s for s in _AGREEMENT_SUFFIXES))
-    for forms in _TRANSITIVE + _INTRANSITIVE + _SAYING:
-        add(forms[0], forms, (lex.stem[forms[0]] + s for s in _VERB_SUFFIXES))
-    add("be", ("am", "is", "are", "was", "were"), (lex.stem["be"] + s for s in _VERB_SUFFIXES))
-    for det, (lemma, _) in _DETERMINERS.items():
-        add("det:" + lemma, (det,), (lex.stem[lemma] + s for s in _AGREEMENT_SUFFIXES))
+    for adj in ADJECTIVES:
+        add(adj, (adj,), (lex.stem[adj] + s for s in AGREEMENT_SUFFIXES))
+    for forms in TRANSITIVE + INTRANSITIVE + SAYING:
+        add(forms[0], forms, (lex.stem[forms[0]] + s for s in VERB_SUFFIXES))
+    add("be", ("am", "is", "are", "was", "were"), (lex.stem["be"] + s for s in VERB_SUFFIXES))
+    for det, (lemma, _) in DETERMINERS.items():
+        add("det:" + lemma, (det,), (lex.stem[lemma] + s for s in AGREEMENT_SUFFIXES))
     for word, translation in lex.word.items():
         add(word, (word,), (translation,))
-    for subj, obj, person, gender in _PRONOUNS:
+    for subj, obj, person, gender in PRONOUNS:
         key = person + gender
         tgt[lex.subj[key]], tgt[lex.obj[key]] = "subj:" + key, "obj:" + key
         src.setdefault(subj.lower(), "subj:" + key)
         src.setdefault(obj, "obj:" + key)  # 'you' is both; its subject reading wins, as in base_translations
-    for name in _NAMES:
+    for name in NAMES:
         add("name:" + name, (name.lower(),), (name.lower(),))
     return tgt, src
 
@@ -456,15 +326,15 @@ def base_translations(seed: int) -> dict[str, str]:
     """
     lex = build_lexicon(seed)
     table: dict[str, str] = {}
-    for sg, pl in _NOUNS:
+    for sg, pl in NOUNS:
         gender = lex.noun_gender[sg]
         table[sg], table[pl] = lex.noun_stem[sg], lex.noun_stem[sg] + NOUN_PLURAL[gender]
     default = AGREEMENT["nom"]["sg"]["m"]
-    for det, (lemma, _) in _DETERMINERS.items():
+    for det, (lemma, _) in DETERMINERS.items():
         table[det] = lex.stem[lemma] + default
-    for adj in _ADJECTIVES:
+    for adj in ADJECTIVES:
         table[adj] = lex.stem[adj] + default
-    for base, third, past in _TRANSITIVE + _INTRANSITIVE + _SAYING:
+    for base, third, past in TRANSITIVE + INTRANSITIVE + SAYING:
         table[base] = lex.stem[base] + VERB_SUFFIX["pres"]["3p"]
         table[third] = lex.stem[base] + VERB_SUFFIX["pres"]["3s"]
         table[past] = lex.stem[base] + VERB_SUFFIX["past"]["3s"]
@@ -475,7 +345,7 @@ def base_translations(seed: int) -> dict[str, str]:
     for aux in ("do", "does", "did"):
         table[aux] = ""
     table.update(lex.word)
-    for subj, obj, person, gender in _PRONOUNS:
+    for subj, obj, person, gender in PRONOUNS:
         table[subj.lower()] = lex.subj[person + gender]
         table.setdefault(obj, lex.obj[person + gender])  # 'you' keeps its subject form
     return table
@@ -487,7 +357,7 @@ def lexicon_baseline(pairs: Sequence[tuple[str, str]], seed: int = 0) -> list[st
     hyps = []
     for src, _ in pairs:
         end = src[-1]
-        words = [table.get(w.lower(), w) if w not in _NAMES else w for w in src[:-1].split()]
+        words = [table.get(w.lower(), w) if w not in NAMES else w for w in src[:-1].split()]
         hyps.append(_render([w for w in words if w], end))
     return hyps
 
@@ -497,8 +367,6 @@ def baseline_bleus(split: str = "test", *, seed: int = 0, size: int = 500) -> di
 
     The split is the default task's (500 test / 500 dev sentences from `seed`).
     """
-    import sacrebleu
-
     source = SyntheticSource(train_size=size, dev_size=size, test_size=size, seed=seed)
     pairs = source.pairs(split)
     refs = [[tgt for _, tgt in pairs]]

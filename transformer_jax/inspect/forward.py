@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax import data as data_lib
-from transformer_jax import decode, evaluation, paper
-from transformer_jax.evaluation import Restored
+from transformer_jax import decode, paper, restore
 from transformer_jax.model import ModelConfig, Transformer
+from transformer_jax.restore import Restored
 from transformer_jax.special_ids import BOS_ID, EOS_ID, PAD_ID
 
 KINDS = ("encoder_self", "decoder_self", "cross")
@@ -41,7 +41,7 @@ def num_layers(model_config: ModelConfig, kind: str) -> int:
 
 def restore_workdir(workdir: str, step: int | None = None) -> Restored:
     """The workdir's model, with a deterministic dense-attention config (the dense path sows weights)."""
-    restored = evaluation.restore_workdir(workdir, step)
+    restored = restore.restore_workdir(workdir, step)
     return dataclasses.replace(restored, model_config=restored.model_config.replace(
         deterministic=True, decode=False, attention_impl="dense", attention_witness=False))
 

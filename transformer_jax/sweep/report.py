@@ -14,6 +14,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from transformer_jax import paper
 from transformer_jax.model import ModelConfig, param_count
 from transformer_jax.sweep.grid import Row, describe, format_value, load_config, table3_config_arg
@@ -237,7 +239,6 @@ def _plot(report: dict, path: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     rows = [r for r in report["rows"] if r["status"] == "done"]
     relative = [r for r in rows if "ppl_delta" in r]
