@@ -14,6 +14,7 @@ characters are in the vocabulary.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -26,6 +27,7 @@ import numpy as np
 import sentencepiece as spm
 
 from transformer_jax.data.config import validate_data_config
+from transformer_jax.data.sources import get_source
 from transformer_jax.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 # Share of character occurrences the vocabulary must cover; rarer characters map to UNK.
@@ -47,6 +49,7 @@ class Tokenizer:
       vocab_size: number of ids, including the 4 special ids.
       num_threads: threads for `encode_batch` (-1: all cores).
       model_path: the .model file this tokenizer was loaded from (None if from bytes).
+      sha256: the hex SHA-256 of the serialized model; checkpoints record it (the ids depend on it).
     """
 
     def __init__(self, model_proto: bytes, *, num_threads: int = -1, model_path: str | None = None):
@@ -58,6 +61,7 @@ class Tokenizer:
                 f"={ids}, expected {(PAD_ID, EOS_ID, UNK_ID, BOS_ID)}; delete it to retrain"
             )
         self.vocab_size: int = self._sp.get_piece_size()
+        self.sha256 = hashlib.sha256(model_proto).hexdigest()
         self.num_threads = num_threads
         self.model_path = model_path
 
@@ -97,9 +101,6 @@ class Tokenizer:
 
 def _training_sentences(data_config: Any) -> Iterable[str]:
     """Source and target sentences of (a seeded subset of) the train split."""
-    # Imported here: sources.py imports nothing from this module, but keep the dependency one-way.
-    from transformer_jax.data.sources import get_source
-
     pairs = get_source(data_config).pairs("train")
     n = len(pairs)
     cap = data_config.tokenizer_train_examples
@@ -165,6 +166,11 @@ def train_tokenizer(
     return model.read()
 
 
+def tokenizer_file(workdir: str | os.PathLike) -> Path:
+    """Where a workdir keeps its tokenizer: ``<workdir>/tokenizer/spm.model``."""
+    return Path(workdir) / "tokenizer" / "spm.model"
+
+
 def load_or_train_tokenizer(data_config: Any, workdir: str | None) -> Tokenizer:
     """Loads `{workdir}/tokenizer/spm.model`, or trains and caches it.
 
@@ -183,7 +189,7 @@ def load_or_train_tokenizer(data_config: Any, workdir: str | None) -> Tokenizer:
     validate_data_config(data_config)
     if workdir is None:
         workdir = tempfile.mkdtemp(prefix="transformer_jax_")
-    path = Path(workdir) / "tokenizer" / "spm.model"
+    path = tokenizer_file(workdir)
     if path.exists():
         tokenizer = Tokenizer.from_file(path)
         if tokenizer.vocab_size != data_config.vocab_size:
