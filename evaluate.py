@@ -3,44 +3,61 @@
 Restores the run's config, tokenizer and a checkpoint (optionally the average of the last N), then
 reports per-subword perplexity, sacreBLEU (with its signature) and the paper's tokenized compound-split
 BLEU, beside the paper's Table 2 (newstest2014) or Table 3 (newstest2013) row for the config.
-All logic is in transformer_jax.evaluation.
+Writes <output_dir>/<split or source file name>-<step>[-avg<N>].txt/.json and never replaces an earlier
+result unless --overwrite. All logic is in transformer_jax.evaluation; a user error (bad flag, missing
+file, unwritable output folder) prints two lines and exits 1 (TRANSFORMER_JAX_TRACEBACK=1 for more).
 """
 
 import json
 
-from absl import app, flags
+from absl import app, flags, logging
 
-from transformer_jax import evaluation, paper
+from transformer_jax import errors, evaluation, paper
 
 _WORKDIR = flags.DEFINE_string("workdir", "workdir", "A train.py workdir.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest good one).")
 _AVERAGE_LAST = flags.DEFINE_integer(
-    "average_last", 0, "Average the last N checkpoints (paper: 5 base, 20 big).")
+    "average_last", 0,
+    "Average the last N checkpoints up to --step (paper: 5 base, 20 big); 0 or 1: no averaging.")
 _SPLIT = flags.DEFINE_enum("split", "test", ["dev", "test"],
                            "Split of the run's data config to score (test: newstest2014 for WMT).")
 _SOURCE_FILE = flags.DEFINE_string(
     "source_file", None,
     "Score this source file (one sentence a line) instead of --split; needs --reference_file. "
-    "Outputs are named test-/dev- for newstest2014/2013 files, files- otherwise.")
+    "Outputs are named after it (<output_dir>/<its base name>-<step>.txt/.json); newstest2014/2013 "
+    "files are compared with the paper's Table 2/3 row. A line longer than the model can decode is "
+    "an error naming the file and line.")
 _REFERENCE_FILE = flags.DEFINE_string(
     "reference_file", None, "The references of --source_file, line-aligned with it.")
 _BEAM_SIZE = flags.DEFINE_integer(
-    "beam_size", paper.BEAM_SIZE, f"Beam size (paper: {paper.BEAM_SIZE}; 1 = greedy).")
+    "beam_size", None,
+    f"Beam size; default: the run config's final_beam_size (paper: {paper.BEAM_SIZE} for "
+    f"translation, {paper.PARSING_BEAM_SIZE} for parsing; 1 = greedy).")
 _ALPHA = flags.DEFINE_float(
-    "alpha", paper.LENGTH_PENALTY_ALPHA,
-    f"GNMT length penalty alpha (paper: {paper.LENGTH_PENALTY_ALPHA}).")
+    "alpha", None,
+    f"GNMT length penalty alpha; default: the run config's final_alpha (paper: "
+    f"{paper.LENGTH_PENALTY_ALPHA} translation, {paper.PARSING_LENGTH_PENALTY_ALPHA} parsing).")
 _MAX_EXTRA_LEN = flags.DEFINE_integer(
-    "max_extra_len", paper.MAX_EXTRA_LEN,
-    f"Max output length = input length + this (paper: {paper.MAX_EXTRA_LEN}).")
+    "max_extra_len", None,
+    f"Max output length = input length + this; default: the run config's final_max_extra_len "
+    f"(paper: {paper.MAX_EXTRA_LEN} translation, {paper.PARSING_MAX_EXTRA_LEN} parsing).")
+_OUTPUT_DIR = flags.DEFINE_string(
+    "output_dir", None,
+    "Folder for the outputs (default: <workdir>/eval); checked for writing before anything is decoded, "
+    "so a read-only workdir can be scored with --output_dir elsewhere.")
+_OVERWRITE = flags.DEFINE_bool(
+    "overwrite", False, "Replace an existing result of the same step and inputs (otherwise an error).")
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    logging.set_verbosity(logging.WARNING)  # as train.py: warnings (e.g. skipped blank pairs), no info
     results = evaluation.evaluate_workdir(
         _WORKDIR.value, step=_STEP.value, average_last=_AVERAGE_LAST.value, split=_SPLIT.value,
         source_file=_SOURCE_FILE.value, reference_file=_REFERENCE_FILE.value,
-        beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value, max_extra_len=_MAX_EXTRA_LEN.value)
+        beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value, max_extra_len=_MAX_EXTRA_LEN.value,
+        output_dir=_OUTPUT_DIR.value, overwrite=_OVERWRITE.value)
     table = results.pop("table")
     print(json.dumps(results, indent=1))
     print()
@@ -48,4 +65,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    errors.run_main(main)

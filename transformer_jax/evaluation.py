@@ -1,4 +1,4 @@
-"""Scoring a model on a split: per-subword perplexity, translations and BLEU (both protocols).
+"""Scoring a model on a split: per-subword perplexity, translations and BLEU (three protocols).
 
 Every function takes what it scores explicitly: parameters, the ModelConfig, the tokenizer, the batches
 (``data.EvalBatch``) and the decoding settings (the paper's by default: ``paper.BEAM_SIZE``,
@@ -14,11 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from transformer_jax import bleu, decode, paper, report, steps
+from transformer_jax import bleu, decode, evaluate_args, paper, parsing_eval, report, steps
 from transformer_jax import data as data_lib
-from transformer_jax.checkpoint import Checkpointer, average_checkpoints
+from transformer_jax.averaging import average_checkpoints
+from transformer_jax.checkpoint import Checkpointer
+from transformer_jax.data.sources import read_parallel_numbered
+from transformer_jax.errors import ConfigError
 from transformer_jax.model import ModelConfig
-from transformer_jax.restore import Restored, restore_workdir  # noqa: F401 (re-exported for inspect)
+from transformer_jax.restore import Restored, restore_workdir
 
 
 def perplexity(params, model_config: ModelConfig, batches, *, label_smoothing: float = 0.0) -> dict:
@@ -73,32 +76,42 @@ def translate_and_score(params, model_config: ModelConfig, tokenizer, batches, *
                         beam_size: int = paper.BEAM_SIZE, alpha: float = paper.LENGTH_PENALTY_ALPHA,
                         max_extra_len: int = paper.MAX_EXTRA_LEN,
                         target_lang: str = "de") -> dict[str, Any]:
-    """Translations plus sacreBLEU and the paper's tokenized compound-split BLEU."""
+    """Translations scored under every protocol of ``bleu.PROTOCOLS``, against the raw references.
+
+    Returns:
+      ``sacrebleu`` (13a, cased), ``tokenized_bleu`` (the paper's compound-split BLEU), ``multi30k_bleu``
+      (the Multi30k literature's lowercased, normalized, Moses-tokenized BLEU), ``sacrebleu_signature``,
+      and the ``hypotheses``, ``references`` and ``sources`` in the split's line order.
+    """
     hypotheses = translate(params, model_config, tokenizer, batches, beam_size=beam_size,
                            alpha=alpha, max_extra_len=max_extra_len)
     references, sources = references_and_sources(batches)
-    sacre = bleu.sacrebleu_score(hypotheses, references)
-    tokenized = bleu.tokenized_bleu(hypotheses, references, target_lang)
-    return {"sacrebleu": sacre.score, "sacrebleu_signature": sacre.signature,
-            "tokenized_bleu": tokenized.score, "hypotheses": hypotheses,
-            "references": references, "sources": sources}
+    scores = bleu.score_all(hypotheses, references, target_lang)
+    return {"sacrebleu": scores["sacrebleu"].score, "sacrebleu_signature": scores["sacrebleu"].signature,
+            "tokenized_bleu": scores["tokenized"].score, "multi30k_bleu": scores["multi30k"].score,
+            "hypotheses": hypotheses, "references": references, "sources": sources}
 
 
 def final_report(params, model_config: ModelConfig, tokenizer, data_config, *, split: str,
                  beam_size: int = paper.BEAM_SIZE, alpha: float = paper.LENGTH_PENALTY_ALPHA,
                  max_extra_len: int = paper.MAX_EXTRA_LEN) -> dict[str, Any]:
-    """The end-of-training evaluation on ``split`` of ``data_config``: PPL, sacreBLEU, tokenized BLEU.
+    """The end-of-training evaluation on ``split`` of ``data_config``: PPL and BLEU in three protocols.
 
     For the synthetic task it also scores the two baselines (copy the source; word-by-word lexicon)
     so the printed BLEU has a yardstick. Prints the first three translations.
     """
     batches = data_lib.make_eval_batches(data_config, tokenizer, split)
     ppl = perplexity(params, model_config, batches)
+    if data_lib.is_parsing(data_config):  # F1 against gold trees, not BLEU (parsing_eval.py)
+        return {f"{split}_ppl": ppl["ppl"], **parsing_eval.final_report(
+            params, model_config, tokenizer, data_config, batches, split=split, beam_size=beam_size,
+            alpha=alpha, max_extra_len=max_extra_len)}
     scores = translate_and_score(params, model_config, tokenizer, batches, beam_size=beam_size,
                                  alpha=alpha, max_extra_len=max_extra_len,
                                  target_lang=data_config.tgt_lang)
     results = {f"{split}_ppl": ppl["ppl"], f"{split}_sacrebleu": scores["sacrebleu"],
                f"{split}_tokenized_bleu": scores["tokenized_bleu"],
+               f"{split}_multi30k_bleu": scores["multi30k_bleu"],
                "sacrebleu_signature": scores["sacrebleu_signature"]}
     if data_config.source == "synthetic":
         pairs = list(zip(scores["sources"], scores["references"], strict=True))
@@ -118,7 +131,7 @@ def averaged_params(restored: Restored, average_last: int):
                       read_only=True) as ckpt:
         available = [s for s in ckpt.all_steps() if s <= restored.step]
     if len(available) < average_last:
-        raise ValueError(f"--average_last={average_last} needs {average_last} checkpoints up to step "
+        raise ConfigError(f"--average_last={average_last} needs {average_last} checkpoints up to step "
                          f"{restored.step} in {restored.checkpoint_dir}; found {len(available)}: "
                          f"{available}")
     return average_checkpoints(restored.checkpoint_dir, restored.abstract_state, average_last,
@@ -126,27 +139,39 @@ def averaged_params(restored: Restored, average_last: int):
 
 
 def _split_batches(data_config, tokenizer, split: str, source_file: str | None,
-                   reference_file: str | None) -> tuple[str, list]:
-    """(split name, batches): the run's ``split``, or the given file pair (named after newstest)."""
+                   reference_file: str | None, max_length: int) -> tuple[str, list]:
+    """(split name, batches): the run's ``split``, or the given file pair (named after newstest).
+
+    A pair longer than ``max_length`` tokens raises DataError naming its file and line.
+    """
     if not (source_file or reference_file):
-        return split, data_lib.make_eval_batches(data_config, tokenizer, split)
+        return split, data_lib.make_eval_batches(data_config, tokenizer, split, max_length=max_length)
     if not (source_file and reference_file):
-        raise ValueError("--source_file and --reference_file go together; got only one")
-    pairs = data_lib.read_parallel(source_file, reference_file)
+        raise ConfigError("--source_file and --reference_file go together; got only one")
+    pairs, lines = read_parallel_numbered(source_file, reference_file)
     name = os.path.basename(source_file)
     split = "test" if "newstest2014" in name else "dev" if "newstest2013" in name else "files"
-    return split, data_lib.make_eval_batches(data_config, tokenizer, split, pairs=pairs)
+    return split, data_lib.make_eval_batches(data_config, tokenizer, split, pairs=pairs,
+                                             max_length=max_length,
+                                             locations=[f"{source_file}:{n}" for n in lines])
 
 
 def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int = 0,
                      split: str = "test", source_file: str | None = None,
-                     reference_file: str | None = None, beam_size: int = paper.BEAM_SIZE,
-                     alpha: float = paper.LENGTH_PENALTY_ALPHA,
-                     max_extra_len: int = paper.MAX_EXTRA_LEN) -> dict[str, Any]:
+                     reference_file: str | None = None, beam_size: int | None = None,
+                     alpha: float | None = None,
+                     max_extra_len: int | None = None, output_dir: str | None = None,
+                     overwrite: bool = False) -> dict[str, Any]:
     """Restores a training workdir and scores it: PPL, sacreBLEU, tokenized BLEU, paper table.
 
-    Writes the translations to ``<workdir>/eval/<split>-<step>.txt`` and the numbers to
-    ``<workdir>/eval/<split>-<step>.json``; returns them with a markdown table beside the paper's row.
+    A parsing run (``data.is_parsing``) is scored by ``parsing_eval.evaluate_restored`` instead:
+    EVALB F1, precision, recall, exact match, repairs, the right-branching baseline and Table 4.
+
+    Writes the translations to ``<output_dir>/<name>-<step>.txt`` and the numbers to
+    ``<output_dir>/<name>-<step>.json`` (``evaluate_args.output_stem``: name is the split or the source
+    file's base name; ``-avg<N>`` is appended when averaging); returns them with a markdown table beside
+    the paper's row. Every argument, the input files and the output folder's writability are checked
+    before anything is restored, and an existing result is never replaced unless ``overwrite``.
 
     Args:
       workdir: a directory written by ``train.py`` (checkpoints, tokenizer, config).
@@ -154,13 +179,34 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
       average_last: average the parameters of the last N checkpoints (ending at ``step``) first.
       split: "dev" or "test" of the run's data config; ignored when files are given.
       source_file, reference_file: score on these line-aligned files instead.
-      beam_size, alpha, max_extra_len: decoding settings (see ``translate``).
+      beam_size, alpha, max_extra_len: decoding settings (see ``translate``); None takes the run
+        config's ``final_beam_size``, ``final_alpha``, ``final_max_extra_len`` (input + 300 for parsing).
+      output_dir: where the outputs go; None for ``<workdir>/eval``.
+      overwrite: replace an existing result of the same checkpoint and inputs (else UserError).
     """
+    out_dir = output_dir or evaluate_args.default_output_dir(workdir)
+    evaluate_args.check_arguments(
+        workdir, step=step, average_last=average_last, split=split, source_file=source_file,
+        reference_file=reference_file, beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len,
+        output_dir=out_dir)
     restored = restore_workdir(workdir, step)
     config, tokenizer, model_config = restored.config, restored.tokenizer, restored.model_config
+    beam_size = config.final_beam_size if beam_size is None else beam_size
+    alpha = config.final_alpha if alpha is None else alpha
+    max_extra_len = config.final_max_extra_len if max_extra_len is None else max_extra_len
+    max_length = _decodable_length(model_config, config.data, max_extra_len)
+    stem = evaluate_args.output_stem(out_dir, split=split, step=restored.step, source_file=source_file,
+                                     average_last=average_last)
+    txt_path, json_path = evaluate_args.claim_outputs(stem, overwrite=overwrite)
     params = averaged_params(restored, average_last) if average_last > 1 else restored.params
-    split, batches = _split_batches(config.data, tokenizer, split, source_file, reference_file)
+    split, batches = _split_batches(config.data, tokenizer, split, source_file, reference_file,
+                                    max_length)
     ppl = perplexity(params, model_config, batches)
+    if data_lib.is_parsing(config.data):  # F1 and Table 4, not BLEU (parsing_eval.py)
+        return parsing_eval.evaluate_restored(
+            restored, params, batches, ppl, split=split, average_last=average_last,
+            source_file=source_file, beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len,
+            out_dir=out_dir)
     scores = translate_and_score(params, model_config, tokenizer, batches, beam_size=beam_size,
                                  alpha=alpha, max_extra_len=max_extra_len,
                                  target_lang=config.data.tgt_lang)
@@ -169,17 +215,28 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
         "beam_size": beam_size, "alpha": alpha, "num_sentences": len(scores["hypotheses"]),
         "ppl": ppl["ppl"], "nll": ppl["nll"], "sacrebleu": scores["sacrebleu"],
         "sacrebleu_signature": scores["sacrebleu_signature"],
-        "tokenized_bleu": scores["tokenized_bleu"],
+        "tokenized_bleu": scores["tokenized_bleu"], "multi30k_bleu": scores["multi30k_bleu"],
         "source_file": source_file, "reference_file": reference_file,
     }
-    out_dir = os.path.join(workdir, "eval")
-    os.makedirs(out_dir, exist_ok=True)
-    stem = os.path.join(out_dir, f"{split}-{restored.step}")
-    with open(stem + ".txt", "w") as f:
+    with open(txt_path, "w") as f:
         f.writelines(h + "\n" for h in scores["hypotheses"])
-    with open(stem + ".json", "w") as f:
+    with open(json_path, "w") as f:
         json.dump(results, f, indent=1)
     table_split = split if split in ("dev", "test") else "test"
     results["table"] = report.paper_comparison_table(config.name, table_split, results)
-    results["outputs"] = (stem + ".txt", stem + ".json")
+    results["outputs"] = (txt_path, json_path)
     return results
+
+
+def _decodable_length(model_config: ModelConfig, data_config, max_extra_len: int) -> int:
+    """The longest padded input that leaves room for ``max_extra_len`` output positions.
+
+    Raises ConfigError when not even the largest length bucket fits (``--max_extra_len`` too large).
+    """
+    largest = max(data_config.length_buckets)
+    if largest + max_extra_len > model_config.max_len:
+        raise ConfigError(
+            f"--max_extra_len={max_extra_len}: the model's max_len={model_config.max_len} leaves room "
+            f"for at most {model_config.max_len - largest} output positions beyond the largest length "
+            f"bucket {largest}; pass --max_extra_len={max(model_config.max_len - largest, 0)} or less")
+    return model_config.max_len - max_extra_len

@@ -1,0 +1,123 @@
+"""evaluate.py end to end on a tiny trained workdir (made once): --split, --source_file/--reference_file,
+--average_last, --output_dir and --overwrite, and the errors found before anything is decoded."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from tiny import config_with
+
+from transformer_jax import data as data_lib
+from transformer_jax import evaluation, train_lib
+from transformer_jax.errors import ConfigError, DataError, UserError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = {
+    "data.synthetic_train_size": 200, "data.synthetic_dev_size": 7, "data.synthetic_test_size": 5,
+    "data.vocab_size": 120, "data.tokens_per_batch": 512, "data.length_buckets": (16, 32, 64),
+    "model.d_model": 16, "model.d_ff": 24, "model.num_heads": 2,
+    "model.num_encoder_layers": 1, "model.num_decoder_layers": 1,
+    "train.num_steps": 4, "train.warmup_steps": 2, "log_every_steps": 2, "eval_every_steps": 0,
+    "eval_bleu_examples": 0, "final_eval_split": "", "checkpoint_every_steps": 2,
+    "checkpoint_every_minutes": 0.0, "checkpoint_keep": 3,
+}
+ABSL_LOG_LINE = re.compile(r"[IWEF]\d{4} ")  # library log lines (orbax), not the error itself
+FAST = ["--beam_size=1", "--max_extra_len=4"]  # greedy, short outputs: the tiny model is not the point
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A 4-step run with checkpoints at steps 2 and 4; its synthetic test pairs."""
+    path = tmp_path_factory.mktemp("evaluate_cli")
+    config = config_with(TINY)
+    train_lib.train_and_evaluate(config, str(path))
+    return str(path), list(data_lib.get_source(config.data).pairs("test"))
+
+
+def _evaluate(*flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, os.path.join(REPO, "evaluate.py"), *flags], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _write_pair(folder, name: str, pairs, src="en", tgt="de") -> tuple[str, str]:
+    paths = (os.path.join(folder, f"{name}.{src}"), os.path.join(folder, f"{name}.{tgt}"))
+    for path, side in zip(paths, zip(*pairs, strict=True), strict=True):
+        with open(path, "w") as f:
+            f.writelines(line + "\n" for line in side)
+    return paths
+
+
+def test_split(workdir):
+    path, _ = workdir
+    result = _evaluate(f"--workdir={path}", "--split=dev", *FAST)
+    assert result.returncode == 0, result.stderr
+    with open(os.path.join(path, "eval", "dev-4.json")) as f:
+        written = json.load(f)
+    assert (written["split"], written["step"], written["num_sentences"]) == ("dev", 4, 7)
+    with open(os.path.join(path, "eval", "dev-4.txt")) as f:
+        assert len(f.read().splitlines()) == 7
+    assert json.loads(result.stdout.split("\n\n")[0])["sacrebleu"] == written["sacrebleu"]
+
+    # The same command again refuses (before decoding) instead of replacing the result silently.
+    again = _evaluate(f"--workdir={path}", "--split=dev", *FAST)
+    assert again.returncode == 1 and "Traceback" not in again.stderr
+    assert len([line for line in again.stderr.splitlines() if not ABSL_LOG_LINE.match(line)]) == 2
+    assert "dev-4.json exists" in again.stderr and "--overwrite" in again.stderr
+
+
+def test_source_and_reference_files_name_the_outputs(workdir, tmp_path):
+    path, pairs = workdir
+    a_src, a_ref = _write_pair(tmp_path, "A", pairs[:3] + [("", "blank source: skipped")])
+    b_src, b_ref = _write_pair(tmp_path, "B", pairs[3:])
+    out = tmp_path / "out"  # --output_dir: the workdir is left alone
+    results = [_evaluate(f"--workdir={path}", f"--source_file={src}", f"--reference_file={ref}",
+                         f"--output_dir={out}", *FAST) for src, ref in ((a_src, a_ref), (b_src, b_ref))]
+    assert [r.returncode for r in results] == [0, 0], results[0].stderr + results[1].stderr
+    assert "skipped 1 of 4 pairs with an empty side (lines 4)" in results[0].stderr  # shown, counted
+    assert sorted(os.listdir(out)) == ["A.en-4.json", "A.en-4.txt", "B.en-4.json", "B.en-4.txt"]
+    for name, count in (("A.en", 3), ("B.en", 2)):
+        with open(out / f"{name}-4.json") as f:
+            written = json.load(f)
+        assert written["num_sentences"] == count and written["source_file"].endswith(name)
+    assert not os.path.exists(os.path.join(path, "eval", "files-4.json"))
+
+
+def test_average_last(workdir):
+    path, _ = workdir
+    single = evaluation.evaluate_workdir(path, split="test", beam_size=1, max_extra_len=4)
+    averaged = evaluation.evaluate_workdir(path, split="test", average_last=2, beam_size=1,
+                                           max_extra_len=4)
+    assert [os.path.basename(p) for p in averaged["outputs"]] == ["test-4-avg2.txt", "test-4-avg2.json"]
+    assert averaged["average_last"] == 2 and averaged["step"] == single["step"] == 4
+    assert averaged["ppl"] != pytest.approx(single["ppl"], rel=1e-6)  # other parameters were scored
+    with pytest.raises(ConfigError, match=r"--average_last=3 needs 3 checkpoints .* found 2: \[2, 4\]"):
+        evaluation.evaluate_workdir(path, split="test", average_last=3, beam_size=1)
+    with pytest.raises(ConfigError, match=r"--average_last=-1"):
+        evaluation.evaluate_workdir(path, average_last=-1)
+    # --overwrite replaces a result; without it the same call is refused.
+    with pytest.raises(UserError, match=r"test-4\.json exists"):
+        evaluation.evaluate_workdir(path, split="test", beam_size=1, max_extra_len=4)
+    again = evaluation.evaluate_workdir(path, split="test", beam_size=1, max_extra_len=4, overwrite=True)
+    assert again["ppl"] == pytest.approx(single["ppl"], rel=1e-6)
+
+
+def test_a_line_too_long_to_decode_names_the_file_and_line(workdir, tmp_path):
+    path, pairs = workdir
+    long_line = " ".join([pairs[0][0]] * 200)  # far beyond model.max_len=256 minus 4 output positions
+    src, ref = _write_pair(tmp_path, "long", [pairs[0], ("", ""), (long_line, pairs[1][1])])
+    with pytest.raises(DataError, match=rf"{src}:3: the source has \d+ tokens .* more than the 252"):
+        evaluation.evaluate_workdir(path, source_file=src, reference_file=ref, beam_size=1,
+                                    max_extra_len=4, output_dir=str(tmp_path / "out"))
+    with pytest.raises(ConfigError, match=r"--max_extra_len=500: .* --max_extra_len=192 or less"):
+        evaluation.evaluate_workdir(path, max_extra_len=500, output_dir=str(tmp_path / "out"))
+
+
+def test_an_unwritable_output_folder_fails_before_restoring(workdir, tmp_path):
+    path, _ = workdir
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    with pytest.raises(UserError, match=r"cannot write the results to .*a_file/eval.*--output_dir"):
+        evaluation.evaluate_workdir(path, output_dir=str(blocker / "eval"))
