@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from absl import app, flags
 
-from transformer_jax import paper
+from transformer_jax import errors, paper
 from transformer_jax.model import ModelConfig, param_count
 
 
@@ -67,4 +67,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    errors.run_main(main)

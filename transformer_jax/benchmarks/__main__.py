@@ -15,6 +15,7 @@ import json
 
 from absl import app, flags
 
+from transformer_jax import errors
 from transformer_jax.benchmarks import attention, decoding, presets, timing, train_step
 
 _TRAIN_PRESETS = flags.DEFINE_list(
@@ -57,4 +58,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    errors.run_main(main)

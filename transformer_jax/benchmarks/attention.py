@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 
-from transformer_jax import attention
+from transformer_jax import attention, errors
 from transformer_jax.benchmarks import timing
 from transformer_jax.blockwise_attention import blockwise_attention
 
@@ -145,4 +145,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    errors.run_main(main)

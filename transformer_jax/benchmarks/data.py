@@ -17,6 +17,7 @@ from pathlib import Path
 
 from absl import app, flags
 
+from transformer_jax import errors
 from transformer_jax.data.batching import TrainIterator, tokenize_pairs
 from transformer_jax.data.config import default_data_config
 from transformer_jax.data.sources import get_source
@@ -105,4 +106,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    errors.run_main(main)

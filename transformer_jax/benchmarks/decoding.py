@@ -23,7 +23,7 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from transformer_jax import decode, flops, paper
+from transformer_jax import decode, errors, flops, paper
 from transformer_jax.benchmarks import presets, timing
 from transformer_jax.model import ModelConfig, init_params
 from transformer_jax.special_ids import PAD_ID
@@ -154,4 +154,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    errors.run_main(main)

@@ -22,7 +22,7 @@ import optax
 from absl import app, flags
 from jax.sharding import NamedSharding, PartitionSpec
 
-from transformer_jax import flops, paper, sharding, steps
+from transformer_jax import errors, flops, paper, sharding, steps
 from transformer_jax.benchmarks import presets, timing
 from transformer_jax.model import ModelConfig, init_params
 from transformer_jax.special_ids import PAD_ID
@@ -138,4 +138,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    errors.run_main(main)

@@ -36,7 +36,9 @@ import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from absl import app, flags
+from absl import flags
+
+from transformer_jax import errors
 
 _CHUNK = 1 << 16  # bytes per read and write
 
@@ -267,4 +269,4 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    errors.run_main(main)

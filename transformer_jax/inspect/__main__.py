@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from absl import app, flags
 
-from transformer_jax import paper
+from transformer_jax import errors, paper
 from transformer_jax.inspect import report
 
 _DEFAULTS = report.InspectOptions()
@@ -69,4 +69,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    errors.run_main(main)

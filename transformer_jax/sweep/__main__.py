@@ -17,7 +17,7 @@ import sys
 
 from absl import app, flags
 
-from transformer_jax import paper
+from transformer_jax import errors, paper
 from transformer_jax.sweep import grid, launchers, report
 
 COMMANDS = ("launch", "report", "params")
@@ -126,4 +126,4 @@ def _run(command: str, f: flags.FlagValues) -> int:
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    errors.run_main(main)

@@ -36,7 +36,9 @@ def train_command(row: Row, row_dir: str, python: str) -> list[str]:
 
 
 def evaluate_command(row_dir: str, python: str, beam_size: int) -> list[str]:
-    return [python, "evaluate.py", f"--workdir={row_dir}", "--split=dev", f"--beam_size={beam_size}"]
+    # --overwrite: a rerun of the sweep scores a row's dev split again (evaluate.py refuses otherwise).
+    return [python, "evaluate.py", f"--workdir={row_dir}", "--split=dev", f"--beam_size={beam_size}",
+            "--overwrite"]
 
 
 def run_command(command: list[str], log_path: str) -> int:
