@@ -1,0 +1,174 @@
+"""Parsing evaluation (transformer_jax/parsing_eval.py): chunked decoding, the report, end to end."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from tiny import config_with
+
+from transformer_jax import decode, paper, parsing_eval, train_lib
+from transformer_jax.data import EvalBatch, default_data_config
+from transformer_jax.model import ModelConfig, Transformer
+from transformer_jax.special_ids import PAD_ID
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _tiny_model(vocab_size=37, **overrides):
+    fields = dict(vocab_size=vocab_size, d_model=16, d_ff=24, num_heads=2, num_encoder_layers=1,
+                  num_decoder_layers=2, max_len=400, dropout_rate=0.0)
+    config = ModelConfig(**{**fields, **overrides})
+    ids = jnp.ones((1, 3), jnp.int32)
+    params = Transformer(config.replace(deterministic=True)).init(jax.random.key(3), ids, ids)["params"]
+    return config, params
+
+
+class _IdsTokenizer:
+    """Decodes ids as space-joined numbers up to EOS (so outputs can be compared exactly)."""
+
+    def decode_batch(self, ids_2d):
+        return [" ".join(str(i) for i in row[: list(row).index(1)] if i != PAD_ID) if 1 in list(row)
+                else " ".join(str(i) for i in row if i != PAD_ID) for row in np.asarray(ids_2d)]
+
+
+def _batches(sources, padded_len, batch_size):
+    """EvalBatches over `sources` (lists of ids without EOS), padded to `padded_len`, in a shuffled
+    split order, as make_eval_batches buckets a parsing split (sources padded to target lengths)."""
+    order = np.random.default_rng(5).permutation(len(sources))
+    batches = []
+    for start in range(0, len(order), batch_size):
+        real = order[start:start + batch_size]
+        inputs = np.full((batch_size, padded_len), PAD_ID, np.int32)
+        for row, i in enumerate(real):
+            inputs[row, : len(sources[i]) + 1] = [*sources[i], 1]  # EOS = 1
+        batches.append(EvalBatch(inputs, inputs.copy(), [""] * len(real), [""] * len(real), real,
+                                 len(real)))
+    return batches
+
+
+def test_cache_bytes_hand_computed():
+    config, _ = _tiny_model(d_model=24, num_heads=3, d_k=5, d_v=7, num_decoder_layers=3)
+    # 3 layers x 5 rows x 7 beams x (13 + 9) positions x 3 heads x (5 + 7) x 4 bytes
+    assert parsing_eval.cache_bytes(config, 5, 7, src_len=9, cache_len=13) == 3 * 5 * 7 * 22 * 36 * 4
+    per_sentence = parsing_eval.cache_bytes(config, 1, 21, src_len=9, cache_len=309)
+    assert parsing_eval.chunk_rows(config, 21, 9, 309, budget_bytes=3 * per_sentence + 1) == 3
+    assert parsing_eval.chunk_rows(config, 21, 9, 309, budget_bytes=1) == 1
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_decode_split_matches_one_sentence_at_a_time(beam_size):
+    """Regrouping by source length, chunking (with filler rows) and restoring the split order give
+    what decoding each sentence alone gives."""
+    config, params = _tiny_model()
+    rng = np.random.default_rng(0)
+    sources = [list(rng.integers(4, 37, size=n)) for n in (3, 20, 5, 17, 9, 3, 11)]
+    batches = _batches(sources, padded_len=40, batch_size=3)
+    budget = parsing_eval.cache_bytes(config, 2, beam_size, src_len=16, cache_len=16 + 13)
+    got = parsing_eval.decode_split(params, config, _IdsTokenizer(), batches, beam_size=beam_size,
+                                    alpha=0.3, max_extra_len=13, cache_budget_bytes=budget)
+    want = []
+    for ids in sources:
+        inputs = np.array([[*ids, 1]], np.int32)
+        if beam_size == 1:
+            tokens = decode.greedy_search(params, config, inputs, max_extra_len=13)
+        else:
+            tokens, _ = decode.beam_search(params, config, inputs, beam_size=beam_size, alpha=0.3,
+                                           max_extra_len=13)
+        want.append(_IdsTokenizer().decode_batch(tokens)[0])
+    assert got == want
+    assert all(len(w.split()) <= len(s) + 1 + 13 for w, s in zip(want, sources, strict=True))
+
+
+def test_beam21_with_input_plus_300_fits_the_cache_budget():
+    """The paper's parsing decoding (beam 21, input + 300) on sample-length sentences: every chunk's
+    cache stays within the budget, and outputs respect the length limit."""
+    config, params = _tiny_model(max_len=64 + paper.PARSING_MAX_EXTRA_LEN)
+    rng = np.random.default_rng(1)
+    lengths = (61, 47, 30)  # WSJ sample sentences: 24 words on average, 54 at most in test
+    sources = [list(rng.integers(4, 37, size=n)) for n in lengths]
+    batches = _batches(sources, padded_len=64, batch_size=3)
+    budget = 4 * 2**20
+    src_len = 64  # 62 tokens with EOS, rounded up to 16
+    rows = parsing_eval.chunk_rows(config, paper.PARSING_BEAM_SIZE, src_len, src_len + 300, budget)
+    assert 1 <= rows < 3  # the budget forces chunks ...
+    assert parsing_eval.cache_bytes(config, rows, 21, src_len, src_len + 300) <= budget  # ... that fit
+    outputs = parsing_eval.decode_split(
+        params, config, _IdsTokenizer(), batches, beam_size=paper.PARSING_BEAM_SIZE,
+        alpha=paper.PARSING_LENGTH_PENALTY_ALPHA, max_extra_len=paper.PARSING_MAX_EXTRA_LEN,
+        cache_budget_bytes=budget)
+    assert len(outputs) == 3
+    for output, n in zip(outputs, lengths, strict=True):
+        assert len(output.split()) <= n + 1 + paper.PARSING_MAX_EXTRA_LEN
+
+
+def _report(**overrides):
+    return {"f1": 81.234, "precision": 80.0, "recall": 82.5, "exact_match": 20.0, "repaired": 3,
+            "sentences": 245, "scored": 245, "errors": 0, "skipped": 0, "right_branching_f1": 17.5,
+            **overrides}
+
+
+def test_table4_comparison_sample_is_not_comparable():
+    data = default_data_config(source="ptb", dir="x", ptb_train_files="0001-0159",
+                               ptb_dev_files="0160-0179", ptb_test_files="0180-0199")
+    table = parsing_eval.table4_comparison("ptb_sample", data, "test", _report(), train_trees=3396)
+    assert "| F1 (EVALB, COLLINS.prm) | 81.23 | 91.3 |" in table
+    assert "| right-branching baseline F1 | 17.50 |" in table
+    assert "| repaired outputs | 3 of 245 |" in table
+    assert "| sentences scored | 245 | 2,416 |" in table
+    assert "Not comparable with 91.3: this model was trained on 3,396 trees" in table
+    for row in paper.TABLE4:  # the whole of Table 4 is printed
+        assert f"| {row.parser} | {row.training} | {row.wsj23_f1} |" in table
+
+
+def test_table4_comparison_wsj_setup_is_comparable():
+    data = default_data_config(source="ptb", dir="x")  # 02-21 / 22 / 23
+    assert parsing_eval.is_paper_setup(data)
+    table = parsing_eval.table4_comparison("wsj_parsing", data, "test", _report())
+    assert "comparable with 91.3" in table and "Not comparable" not in table
+    dev = parsing_eval.table4_comparison("wsj_parsing", data, "dev", _report())
+    assert "Not comparable" in dev  # section 22 is not Table 4's test set
+
+
+TINY_PARSING = {
+    "data.source": "synthetic_trees", "data.synthetic_train_size": 300, "data.synthetic_dev_size": 6,
+    "data.synthetic_test_size": 9, "data.vocab_size": 120, "data.max_len": 128,
+    "data.tokens_per_batch": 1024, "data.length_buckets": (64, 128),  # two compiled shapes
+    "model.d_model": 16, "model.d_ff": 24, "model.num_heads": 2, "model.num_encoder_layers": 1,
+    "model.num_decoder_layers": 1, "model.max_len": 128 + 40,
+    "train.num_steps": 4, "train.warmup_steps": 2, "log_every_steps": 2, "eval_every_steps": 2,
+    "eval_bleu_examples": 3, "checkpoint_every_steps": 4, "checkpoint_every_minutes": 0.0,
+    "final_eval_split": "test", "final_beam_size": 3, "final_alpha": 0.3,
+    "final_max_extra_len": 40,  # the paper's 300 works too; 40 keeps an untrained model's loops short
+}
+
+
+def test_synthetic_trees_train_final_report_and_evaluate_py(tmp_path, capsys):
+    workdir = str(tmp_path / "run")
+    final = train_lib.train_and_evaluate(config_with(TINY_PARSING), workdir)
+    printed = capsys.readouterr().out
+    for key in ("test_f1", "test_precision", "test_recall", "test_exact_match",
+                "test_right_branching_f1", "test_ppl", "dev_f1"):
+        assert 0.0 <= final[key] <= (100.0 if key != "test_ppl" else np.inf), key
+    assert final["test_sentences"] == final["test_scored"] == 9  # repair aligns every output
+    assert 0 <= final["test_repaired"] <= 9
+    assert "test_sacrebleu" not in final
+    assert "Not comparable with 91.3" in printed
+    rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+    assert any("dev_f1" in row for row in rows)
+
+    result = subprocess.run([sys.executable, os.path.join(REPO, "evaluate.py"), f"--workdir={workdir}",
+                             "--split=dev"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    numbers = json.load(open(os.path.join(workdir, "eval", "dev-4.json")))
+    assert numbers["task"] == "parsing" and numbers["num_sentences"] == numbers["scored"] == 6
+    assert (numbers["beam_size"], numbers["alpha"], numbers["max_extra_len"]) == (3, 0.3, 40)
+    for key in ("f1", "precision", "recall", "exact_match", "repaired", "right_branching_f1"):
+        assert key in numbers
+    assert "| F1 (EVALB, COLLINS.prm) |" in result.stdout and "Not comparable with 91.3" in result.stdout
+    outputs = open(os.path.join(workdir, "eval", "dev-4.txt")).read().splitlines()
+    assert len(outputs) == 6

@@ -1,0 +1,259 @@
+"""Scoring a parser (section 6.3, Table 4): decode a split, repair, EVALB F1, the paper beside it.
+
+Parsing is translation from words to a linearized tree (``data/trees.py``), so the model, trainer,
+decoder and checkpoints are the translation ones. What differs is here:
+
+- decoding: beam search with the config's ``final_beam_size`` / ``final_alpha`` /
+  ``final_max_extra_len`` (the paper: 21, 0.3, input + 300). Sentences are regrouped by source
+  length and decoded in chunks whose key/value cache fits ``cache_budget_bytes`` (see
+  ``cache_bytes``), so beam 21 with a 300-token allowance does not exhaust memory;
+- scoring: ``parseval.parsing_report`` (EVALB with COLLINS.prm, outputs repaired and counted, the
+  right-branching baseline scored the same way) instead of BLEU;
+- the report: this run beside the paper's Table 4 (``paper.TABLE4``), with a plain statement of
+  when the numbers are not comparable.
+
+``evaluation.final_report`` and ``evaluation.evaluate_workdir`` dispatch here when
+``data.is_parsing(config.data)``; the training loop's periodic dev F1 is ``dev_scores``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from transformer_jax import data as data_lib
+from transformer_jax import decode, paper, parseval
+from transformer_jax.model import ModelConfig
+from transformer_jax.special_ids import PAD_ID
+
+# Upper bound on one decode call's key/value cache (the while loop keeps about two copies alive).
+CACHE_BUDGET_BYTES = 512 * 2**20
+LENGTH_ROUNDING = 16  # source lengths are padded up to a multiple of this: few compiled programs
+WSJ23_SENTENCES = 2416  # sentences of WSJ section 23, the test set of Table 4 (EVALB's count)
+PAPER_SPLIT = {"train": "02-21", "dev": "22", "test": "23"}  # the WSJ sections of Table 4
+# The figures of this run that the report shows, in order: (key, row name).
+REPORT_KEYS = (("f1", "F1 (EVALB, COLLINS.prm)"), ("precision", "precision"), ("recall", "recall"),
+               ("exact_match", "exact match (%)"))
+_NONE = "—"
+
+
+def cache_bytes(model_config: ModelConfig, rows: int, beam_size: int, src_len: int, cache_len: int) -> int:
+    """Bytes of the decode cache for ``rows`` sentences: self-attention keys/values
+    [rows * beam, cache_len, heads, d_k|d_v] and cross-attention keys/values
+    [rows * beam, src_len, heads, d_k|d_v], in each decoder layer.
+
+    E.g. the sample config (d_model 128, 4 layers, f32) with beam 21, a 48-token source and
+    cache_len 348: 4 * 2 * 128 * 4 B * 21 * (348 + 48) = 34 MB per sentence.
+    """
+    per_position = model_config.num_heads * (model_config.d_k + model_config.d_v)
+    itemsize = np.dtype(model_config.compute_dtype).itemsize
+    return (model_config.num_decoder_layers * rows * beam_size * (cache_len + src_len)
+            * per_position * itemsize)
+
+
+def chunk_rows(model_config: ModelConfig, beam_size: int, src_len: int, cache_len: int,
+               budget_bytes: int = CACHE_BUDGET_BYTES) -> int:
+    """The most sentences one decode call takes within ``budget_bytes`` of cache (at least 1)."""
+    return max(1, budget_bytes // cache_bytes(model_config, 1, beam_size, src_len, cache_len))
+
+
+def decode_split(params, model_config: ModelConfig, tokenizer, batches, *, beam_size: int,
+                 alpha: float, max_extra_len: int,
+                 cache_budget_bytes: int = CACHE_BUDGET_BYTES) -> list[str]:
+    """Decoded target strings of every real row of ``batches``, in the split's order.
+
+    The eval batches are bucketed by max(source, target) length, so a parsing batch pads its short
+    sources to the long target length; here the sources are regrouped by their own length (rounded
+    up to ``LENGTH_ROUNDING``) and decoded in chunks of ``chunk_rows`` sentences (a short chunk is
+    filled with copies of its first sentence, whose outputs are dropped). Output i may be at most
+    (source length_i + ``max_extra_len``) tokens long, capped by the model's ``max_len``.
+
+    Args:
+      batches: ``data.EvalBatch`` items; ``indices`` give each row's position in the split.
+      beam_size: 1 is greedy search, otherwise beam search with length penalty ``alpha``.
+    """
+    sources: dict[int, np.ndarray] = {}
+    for b in batches:
+        for row, index in enumerate(b.indices):
+            ids = np.asarray(b.inputs[row])
+            sources[int(index)] = ids[ids != PAD_ID]
+    order = sorted(sources, key=lambda i: (len(sources[i]), i))
+    outputs: dict[int, str] = {}
+    start = 0
+    while start < len(order):
+        src_len = -(-len(sources[order[start]]) // LENGTH_ROUNDING) * LENGTH_ROUNDING
+        group = [i for i in order[start:] if len(sources[i]) <= src_len]
+        cache_len = min(model_config.max_len, src_len + max_extra_len)
+        size = min(len(group), chunk_rows(model_config, beam_size, src_len, cache_len, cache_budget_bytes))
+        for first in range(0, len(group), size):
+            chunk = group[first:first + size]
+            inputs = np.full((size, src_len), PAD_ID, np.int32)  # [rows, src_len]
+            for row in range(size):
+                ids = sources[chunk[row] if row < len(chunk) else chunk[0]]  # filler: a copy
+                inputs[row, :len(ids)] = ids
+            if beam_size == 1:
+                tokens = decode.greedy_search(params, model_config, inputs, max_len=cache_len,
+                                              max_extra_len=max_extra_len)
+            else:
+                tokens, _ = decode.beam_search(params, model_config, inputs, beam_size=beam_size,
+                                               alpha=alpha, max_len=cache_len,
+                                               max_extra_len=max_extra_len)
+            texts = tokenizer.decode_batch(np.asarray(tokens)[:len(chunk)])  # [rows, cache_len]
+            outputs.update(zip(chunk, texts, strict=True))
+        start += len(group)
+    return [outputs[i] for i in sorted(outputs)]
+
+
+def score_batches(params, model_config: ModelConfig, tokenizer, data_config, split: str, batches, *,
+                  beam_size: int, alpha: float, max_extra_len: int,
+                  cache_budget_bytes: int = CACHE_BUDGET_BYTES) -> dict[str, Any]:
+    """``parseval.parsing_report`` of the decoded ``batches`` of ``split`` against the gold trees.
+
+    Returns the report (``f1``, ``precision``, ``recall``, ``exact_match`` in percent; ``scored``,
+    ``errors``, ``skipped``, ``repaired`` counts; ``right_branching_f1``) plus ``outputs`` (decoded
+    strings), ``sources`` and ``gold`` (gold trees as bracket strings), all in split order.
+    """
+    indices = sorted(int(i) for b in batches for i in b.indices)
+    trees = data_lib.get_source(data_config).trees(split)
+    gold = [trees[i] for i in indices]
+    outputs = decode_split(params, model_config, tokenizer, batches, beam_size=beam_size, alpha=alpha,
+                           max_extra_len=max_extra_len, cache_budget_bytes=cache_budget_bytes)
+    report = parseval.parsing_report(outputs, gold)
+    return {**report, "outputs": outputs, "sources": [" ".join(t.words()) for t in gold],
+            "gold": [str(t) for t in gold]}
+
+
+def dev_scores(params, model_config: ModelConfig, tokenizer, data_config, batches, *,
+               max_extra_len: int) -> dict[str, float]:
+    """Greedy dev F1 of the training loop's periodic evaluation (on the batches' dev sentences)."""
+    report = score_batches(params, model_config, tokenizer, data_config, "dev", batches, beam_size=1,
+                           alpha=0.0, max_extra_len=max_extra_len)
+    return {"dev_f1": report["f1"], "dev_repaired": report["repaired"]}
+
+
+def final_report(params, model_config: ModelConfig, tokenizer, data_config, batches, *, split: str,
+                 beam_size: int, alpha: float, max_extra_len: int,
+                 config_name: str = "") -> dict[str, Any]:
+    """The end-of-training parsing scores on ``split``, as ``{split}_f1``, ``{split}_repaired``, ...
+
+    Prints three decoded examples and the Table 4 comparison.
+    """
+    report = score_batches(params, model_config, tokenizer, data_config, split, batches,
+                           beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len)
+    for source, output, gold in list(zip(report["sources"], report["outputs"], report["gold"],
+                                         strict=True))[:3]:
+        print(f"  words:  {source}\n  output: {output}\n  gold:   {gold}")
+    print(table4_comparison(config_name, data_config, split, report))
+    return {f"{split}_{key}": report[key] for key in summary_keys()}
+
+
+def summary_keys() -> tuple[str, ...]:
+    """The numbers a parsing report returns (no per-sentence lists)."""
+    return ("f1", "precision", "recall", "exact_match", "repaired", "scored", "sentences", "errors",
+            "skipped", "right_branching_f1")
+
+
+def evaluate_restored(restored, params, batches, ppl: dict, *, split: str, average_last: int,
+                      source_file: str | None, beam_size: int, alpha: float, max_extra_len: int,
+                      out_dir: str) -> dict[str, Any]:
+    """``evaluation.evaluate_workdir`` for a parsing run: F1 and friends, outputs written, Table 4.
+
+    Writes the decoded trees (repaired bracket strings are not written: the raw outputs are) to
+    ``<out_dir>/<split>-<step>.txt`` and the numbers to ``<out_dir>/<split>-<step>.json``.
+
+    Raises:
+      ValueError: ``source_file`` is given (parsing is scored on the run's own split, which has gold
+        trees).
+    """
+    if source_file:
+        raise ValueError(f"--source_file={source_file!r}: a parsing run is scored on its own "
+                         "split (which has gold trees); drop --source_file/--reference_file and use "
+                         "--split=dev|test")
+    config = restored.config
+    report = score_batches(params, restored.model_config, restored.tokenizer, config.data, split,
+                           batches, beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len)
+    results = {"config": config.name, "task": "parsing", "split": split, "step": restored.step,
+               "average_last": average_last, "beam_size": beam_size, "alpha": alpha,
+               "max_extra_len": max_extra_len, "ppl": ppl["ppl"], "nll": ppl["nll"],
+               **{key: report[key] for key in summary_keys()},
+               "num_sentences": report["sentences"], "error_messages": report["error_messages"]}
+    os.makedirs(out_dir, exist_ok=True)
+    stem = os.path.join(out_dir, f"{split}-{restored.step}")
+    with open(stem + ".txt", "w") as f:
+        f.writelines(output + "\n" for output in report["outputs"])
+    with open(stem + ".json", "w") as f:
+        json.dump(results, f, indent=1)
+    results["table"] = table4_comparison(config.name, config.data, split, report,
+                                         train_trees=len(data_lib.get_source(config.data).trees("train")))
+    results["outputs"] = (stem + ".txt", stem + ".json")
+    return results
+
+
+def is_paper_setup(data_config) -> bool:
+    """Whether ``data_config`` is Table 4's data: WSJ sections 02-21 / 22 / 23 of the Penn Treebank."""
+    return (data_config.source == "ptb"
+            and all(str(getattr(data_config, f"ptb_{s}_files")).strip() == PAPER_SPLIT[s]
+                    for s in PAPER_SPLIT))
+
+
+def table4_comparison(config_name: str, data_config, split: str, report: dict,
+                      train_trees: int | None = None) -> str:
+    """Markdown: this run's F1, precision, recall, exact match, repairs and sentences beside the
+    paper's Table 4 (the Transformer's 91.3 WSJ-only F1) and the right-branching baseline, then the
+    whole of Table 4 and whether the numbers are comparable.
+
+    Args:
+      config_name: the run's ``config.name``.
+      data_config: the run's ``config.data`` (its source and file ranges decide comparability).
+      split: the scored split.
+      report: ``parseval.parsing_report``'s keys (``f1`` ... ``right_branching_f1``).
+      train_trees: how many training trees the run had, if known.
+    """
+    paper_f1 = paper.TABLE4_TRANSFORMER_F1["wsj_only"]
+    comparable = is_paper_setup(data_config) and split == "test"
+    f1_note = ("Transformer (4 layers), WSJ only; comparable: same data and split" if comparable
+               else "Transformer (4 layers), WSJ only; NOT comparable (see below)")
+    rows = [(name, _fmt(report.get(key)), f"{paper_f1}" if key == "f1" else _NONE,
+             f1_note if key == "f1" else "") for key, name in REPORT_KEYS]
+    rows += [
+        ("right-branching baseline F1", _fmt(report.get("right_branching_f1")), _NONE,
+         "same sentences, gold tags, scored the same way"),
+        ("repaired outputs", f"{report.get('repaired', 0):,} of {report.get('sentences', 0):,}", _NONE,
+         "malformed bracket sequences fixed deterministically before scoring"),
+        ("sentences scored", f"{report.get('scored', 0):,}", f"{WSJ23_SENTENCES:,}",
+         f"errors {report.get('errors', 0)}, skipped {report.get('skipped', 0)}; WSJ section 23"),
+        ("training trees", _NONE if train_trees is None else f"{train_trees:,}",
+         f"~{paper.PARSING_TRAIN_SENTENCES_WSJ_ONLY:,}", "WSJ sections 02-21"),
+    ]
+    lines = [f"**{config_name}** ({data_config.source}, split {split!r}) vs. the paper's Table 4 "
+             "(WSJ section 23 F1)", ""]
+    lines += _markdown(("metric", "this run", "paper", "note"), rows)
+    lines += ["", "The paper's Table 4:", ""]
+    lines += _markdown(("parser", "training", "WSJ 23 F1"),
+                       [(row.parser, row.training, f"{row.wsj23_f1}") for row in paper.TABLE4])
+    lines.append("")
+    if comparable:
+        lines.append(f"This run used the paper's data (WSJ {PAPER_SPLIT['train']} train, section "
+                     f"{PAPER_SPLIT['test']} test): its F1 is comparable with {paper_f1}.")
+    else:
+        trained = f"{train_trees:,} trees" if train_trees is not None else "its own data"
+        lines.append(
+            f"Not comparable with {paper_f1}: this model was trained on {trained} "
+            f"({data_config.source}), the paper's on WSJ sections {PAPER_SPLIT['train']} (about "
+            f"{paper.PARSING_TRAIN_SENTENCES_WSJ_ONLY:,} trees) and tested on section "
+            f"{PAPER_SPLIT['test']}. Compare it with the right-branching baseline above.")
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(value: Any) -> str:
+    return _NONE if value is None else f"{float(value):.2f}"
+
+
+def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    align = ["---"] + ["---:" if h in ("this run", "paper", "WSJ 23 F1") else "---" for h in header[1:]]
+    return (["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+            + ["| " + " | ".join(row) + " |" for row in rows])
