@@ -95,6 +95,9 @@ def test_resume_continues_bitwise(tmp_path, uninterrupted, capsys):
     capsys.readouterr()
     train_lib.train_and_evaluate(tiny_config(), str(workdir))
     assert "Resuming from step 4" in capsys.readouterr().out  # not a fresh run with the same seed
+    # Only the remaining steps were computed (and logged): each log step appears once.
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "train_loss" in r] == [2, 4, 6]
     resumed, data_resumed = _params(workdir, 6)
     full, data_full = _params(workdir_full, 6)
     assert data_resumed == data_full
@@ -123,6 +126,10 @@ def test_kill_9_and_restart_reaches_the_same_parameters(tmp_path, uninterrupted)
     proc.wait()
     done = _run_train(workdir, *_flags(**{"final_eval_split": "", "eval_every_steps": 0}))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    resumed = int(done.stdout.split("Resuming from step ")[1].split()[0])
+    assert resumed >= 2
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "train_loss" in r] == [2, 4, 6]
     restarted, _ = _params(workdir, 6)
     full, _ = _params(workdir_full, 6)
     for a, b in zip(restarted, full, strict=True):
@@ -145,13 +152,15 @@ def test_sigterm_saves_and_exits_zero_and_a_second_run_is_refused_while_live(tmp
     assert (workdir / "checkpoints" / str(step)).is_dir()
 
 
-def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+def test_non_finite_values_stop_with_the_step_and_keep_the_last_good_checkpoint(tmp_path):
     workdir = tmp_path / "nan"
-    config = tiny_config(**{"train.learning_rate_scale": 1e30, "train.num_steps": 8,
-                            "final_eval_split": "", "eval_every_steps": 0})
-    with pytest.raises(FloatingPointError, match=r"non-finite training loss at step \d+"):
+    quick = {"final_eval_split": "", "eval_every_steps": 0}
+    train_lib.train_and_evaluate(tiny_config(**{"train.num_steps": 4, **quick}), str(workdir))
+    config = tiny_config(**{"train.learning_rate_scale": 1e30, "train.num_steps": 8, **quick})
+    with pytest.raises(FloatingPointError, match=r"step [5-8]\b.*The last good checkpoint is step 4 in"):
         train_lib.train_and_evaluate(config, str(workdir))
-    saved = [int(s) for s in os.listdir(workdir / "checkpoints") if s.isdigit()]
+    saved = sorted(int(s) for s in os.listdir(workdir / "checkpoints") if s.isdigit())
+    assert saved == [2, 4]  # real files, nothing non-finite written after them
     for step in saved:
         params, _ = _params(workdir, step)
         assert all(np.all(np.isfinite(p)) for p in params)

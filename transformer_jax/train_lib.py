@@ -6,10 +6,16 @@ which carries the state explicitly (``state, sums = trainer.train_step(state, ba
 evaluates and checkpoints every N steps -> the final dev and test evaluation.
 
 The loss and the pure steps are in ``steps.py``; the state and optimizer in ``train_state.py``.
+
+Faults: before anything is built, a workdir with checkpoints must hold the same model config and tokenizer
+(``restore.check_workdir``). A non-finite loss, or a state with NaN/inf about to be saved, stops the run
+naming the step and the last checkpoint that exists; any exception first waits for a save in flight. One
+PreemptionGuard covers every phase (see ``preemption.py``): SIGTERM / SIGINT exit 0 with a message.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -27,11 +33,12 @@ import optax
 from jax.experimental import multihost_utils
 
 from transformer_jax import data as data_lib
-from transformer_jax import evaluation, flops, sharding, steps
+from transformer_jax import evaluation, flops, parsing_eval, restore, sharding, steps
 from transformer_jax.checkpoint import Checkpointer
+from transformer_jax.checkpoint_checks import NonFiniteStateError
 from transformer_jax.metric_writer import MetricWriter
 from transformer_jax.model import ModelConfig
-from transformer_jax.preemption import PreemptionGuard
+from transformer_jax.preemption import Preempted, PreemptionGuard
 from transformer_jax.run_config import model_config_from, validate_config
 from transformer_jax.special_ids import PAD_ID
 from transformer_jax.train_state import (
@@ -42,6 +49,9 @@ from transformer_jax.train_state import (
     make_optimizer,
 )
 from transformer_jax.workdir_lock import WorkdirLock
+
+# config.dev_bleu_protocol -> the key of evaluation.translate_and_score that holds that score.
+DEV_BLEU_KEYS = {"sacrebleu": "sacrebleu", "tokenized": "tokenized_bleu", "multi30k": "multi30k_bleu"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,11 +124,15 @@ def evaluate_dev(trainer: Trainer, params) -> dict[str, float]:
     metrics = evaluation.perplexity(params, trainer.model_config, trainer.dev_batches,
                                     label_smoothing=config.train.label_smoothing)
     results = {f"dev_{k}": v for k, v in metrics.items()}
-    if config.eval_bleu_examples:
+    if config.eval_bleu_examples and data_lib.is_parsing(config.data):  # greedy dev F1, not BLEU
+        results.update(parsing_eval.dev_scores(
+            params, trainer.model_config, trainer.tokenizer, config.data, trainer.dev_bleu_batches,
+            max_extra_len=config.final_max_extra_len))
+    elif config.eval_bleu_examples:
         scores = evaluation.translate_and_score(
             params, trainer.model_config, trainer.tokenizer, trainer.dev_bleu_batches,
-            beam_size=1, target_lang=config.data.tgt_lang)
-        results["dev_bleu"] = scores["sacrebleu"]
+            beam_size=1, max_extra_len=config.final_max_extra_len, target_lang=config.data.tgt_lang)
+        results["dev_bleu"] = scores[DEV_BLEU_KEYS[config.dev_bleu_protocol]]
     return results
 
 
@@ -135,11 +149,13 @@ def resume(ckpt: Checkpointer, state: TrainState, train_iter: data_lib.TrainIter
 
 
 def train_loop(trainer: Trainer, state: TrainState, train_iter: data_lib.TrainIterator,
-               ckpt: Checkpointer, writer: MetricWriter) -> tuple[TrainState, int, bool]:
+               ckpt: Checkpointer, writer: MetricWriter,
+               guard: PreemptionGuard | None = None) -> tuple[TrainState, int, bool]:
     """Trains from ``state.step`` to ``config.train.num_steps``; returns (state, step, preempted).
 
     Logs every ``log_every_steps`` (the only host syncs), evaluates on dev every ``eval_every_steps`` and
-    saves when the Checkpointer says so, at the end, and on SIGTERM / SIGINT (then stops early).
+    saves when the Checkpointer says so, at the end, and on SIGTERM / SIGINT (then stops early). Each save
+    first checks the state for NaN/inf on the device (NonFiniteStateError: nothing saved, the run stops).
     """
     config, mesh = trainer.config, trainer.mesh
     num_steps, step = config.train.num_steps, int(jax.device_get(state.step))
@@ -148,7 +164,11 @@ def train_loop(trainer: Trainer, state: TrainState, train_iter: data_lib.TrainIt
     config_dict = json.loads(config.to_json_best_effort())
     sums, interval_flops, interval_tokens, interval_start = None, 0.0, 0, time.time()
     preempted = profiling = False
-    with jax.set_mesh(mesh), nn.logical_axis_rules(trainer.rules), PreemptionGuard() as guard:
+    metadata = {"tokenizer_sha256": trainer.tokenizer.sha256}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(jax.set_mesh(mesh))
+        stack.enter_context(nn.logical_axis_rules(trainer.rules))
+        guard = guard or stack.enter_context(PreemptionGuard())
         while step < num_steps and not preempted:
             if profile_start and step == profile_start:
                 jax.profiler.start_trace(os.path.join(trainer.workdir, "profile"))
@@ -183,65 +203,94 @@ def train_loop(trainer: Trainer, state: TrainState, train_iter: data_lib.TrainIt
                 if sums is not None:
                     _check_and_summarize(dict(sums), ckpt)  # never save a non-finite state
                 ckpt.save(step, state, data_state=train_iter.get_state(), config=config_dict,
-                          force=preempted or step == num_steps)
+                          force=preempted or step == num_steps, metadata=metadata)
     if profiling:  # the run ended inside the profiled range
         jax.profiler.stop_trace()
     return state, step, preempted
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-    """Trains (resuming from ``workdir`` if it holds checkpoints), evaluates, and returns final metrics."""
-    validate_config(config)
-    os.makedirs(workdir, exist_ok=True)
-    with WorkdirLock(workdir, enabled=jax.process_index() == 0):
-        return _train_locked(config, workdir)
+    """Trains (resuming from ``workdir`` if it holds checkpoints), evaluates, and returns final metrics.
+
+    SIGTERM / SIGINT from here on end the run cleanly in every phase (exit 0 from train.py): see
+    ``preemption.py``. The returned dict then holds ``{"preempted": True, "step": ...}``.
+    """
+    with PreemptionGuard() as guard:
+        validate_config(config)
+        os.makedirs(workdir, exist_ok=True)
+        with WorkdirLock(workdir, enabled=jax.process_index() == 0):
+            return _train_locked(config, workdir, guard)
 
 
-def _train_locked(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def _train_locked(config: ml_collections.ConfigDict, workdir: str, guard: PreemptionGuard) -> dict[str, Any]:
     started = time.time()
     is_main = jax.process_index() == 0
-    trainer, state, train_iter = setup(config, workdir)
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"),
                         save_every_steps=config.checkpoint_every_steps or None,
                         save_every_minutes=config.checkpoint_every_minutes or None,
                         max_to_keep=config.checkpoint_keep)
-    state = resume(ckpt, state, train_iter)
-    writer = MetricWriter(workdir, enabled=is_main, total_steps=config.train.num_steps,
-                          initial_step=int(jax.device_get(state.step)))
+    # ``with ckpt``: on any exception, a save in flight is finished before the process exits.
+    with ckpt:
+        restore.check_workdir(ckpt, config, workdir)  # same model and tokenizer, before anything compiles
+        trainer, state, train_iter = setup(config, workdir)
+        state = resume(ckpt, state, train_iter)
+        step = int(jax.device_get(state.step))
+        writer = MetricWriter(workdir, enabled=is_main, total_steps=config.train.num_steps,
+                              initial_step=step)
+        with contextlib.closing(writer):
+            if guard.should_stop(step):  # the signal came during setup: nothing new to save
+                _say(is_main, f"Stopped by {guard.signal_name} during setup, before step {step + 1}; "
+                     f"nothing new to save. {ckpt.last_good_message()} Run the same command again to "
+                     "resume.")
+                return {"preempted": True, "step": step}
+            if is_main:
+                print(f"Model: {sum(x.size for x in jax.tree.leaves(state.params)):,} parameters; "
+                      f"mesh {dict(trainer.mesh.shape)}; {jax.device_count()} devices, "
+                      f"{jax.process_count()} processes")
+            state, step, preempted = train_loop(trainer, state, train_iter, ckpt, writer, guard)
+            ckpt.wait()
+            if preempted:
+                _say(is_main, f"Preempted: saved a checkpoint at step {step} in {ckpt.directory}; "
+                     f"run the same command again to resume.")
+                return {"preempted": True, "step": step}
+            try:
+                with guard.interrupting() if jax.process_count() == 1 else contextlib.nullcontext():
+                    final = _final_evaluation(trainer, state, step, started)
+            except Preempted:
+                _say(is_main, f"Stopped by {guard.signal_name} during the final evaluation. Training is "
+                     f"done and checkpoint step {step} is saved in {ckpt.directory}; score it with "
+                     f"evaluate.py --workdir={workdir}, or run the same command again.")
+                return {"preempted": True, "step": step}
+            writer.write(step, {k: v for k, v in final.items() if isinstance(v, (int, float))})
     if is_main:
-        print(f"Model: {sum(x.size for x in jax.tree.leaves(state.params)):,} parameters; "
-              f"mesh {dict(trainer.mesh.shape)}; {jax.device_count()} devices, "
-              f"{jax.process_count()} processes")
-    state, step, preempted = train_loop(trainer, state, train_iter, ckpt, writer)
-    ckpt.wait()
-    if preempted:
-        ckpt.close()
-        writer.close()
-        if is_main:
-            print(f"Preempted: saved a checkpoint at step {step} in {ckpt.directory}; "
-                  f"run the same command again to resume.")
-        return {"preempted": True, "step": step}
+        print(json.dumps({"final": final}, indent=1, default=str))
+    return final
 
+
+def _final_evaluation(trainer: Trainer, state: TrainState, step: int, started: float) -> dict[str, Any]:
+    """Dev metrics and the report on ``config.final_eval_split`` (single-process runs) of the final state."""
+    config = trainer.config
     final = {"step": step, "train_seconds": time.time() - started}
     with jax.set_mesh(trainer.mesh), nn.logical_axis_rules(trainer.rules):
         final.update(evaluate_dev(trainer, state.params))
     if config.final_eval_split and jax.process_count() == 1:
         final.update(evaluation.final_report(
             state.params, trainer.model_config, trainer.tokenizer, config.data,
-            split=config.final_eval_split, beam_size=config.final_beam_size, alpha=config.final_alpha))
-    writer.write(step, {k: v for k, v in final.items() if isinstance(v, (int, float))})
-    writer.close()
-    ckpt.close()
-    if is_main:
-        print(json.dumps({"final": final}, indent=1, default=str))
+            split=config.final_eval_split, beam_size=config.final_beam_size, alpha=config.final_alpha,
+            max_extra_len=config.final_max_extra_len))
     return final
+
+
+def _say(is_main: bool, message: str) -> None:
+    if is_main:
+        print(message, flush=True)
 
 
 def _check_and_summarize(sums: dict, ckpt: Checkpointer) -> dict[str, float]:
     """Host sync: raises on a non-finite loss (naming the step), else returns per-token metrics."""
     bad_step = int(jax.device_get(sums["bad_step"]))
     if bad_step != steps.NO_BAD_STEP:
-        raise FloatingPointError(
-            f"non-finite training loss at step {bad_step}; stopping. The last good checkpoint is "
-            f"step {ckpt.latest_step()} in {ckpt.directory}; lower the learning rate or check the data.")
+        raise NonFiniteStateError(
+            f"non-finite training loss at step {bad_step}; stopping. {ckpt.last_good_message()} Lower the "
+            "learning rate (train.learning_rate_scale) or check the data, then run again to resume from it.")
     return steps.summarize({k: v for k, v in sums.items() if k != "bad_step"})
