@@ -14,7 +14,8 @@ The checksum of an array with bits b_i (its elements as uint32, i the flat row-m
   h1 = sum_i b_i * (2 i + 1),   h2 = sum_i mix(b_i) * (golden * i | 1)   (mod 2^32 each),
 so a change of any single element always changes h1 (odd multipliers are invertible mod 2^32), and any
 other change goes unnoticed with probability about 2^-64. It is order-sensitive and computed from
-broadcast iotas, so sharded arrays need no reshape or gather.
+broadcast iotas, so sharded arrays need no reshape or gather. Cost, base model (63M parameters plus Adam
+moments, 757 MB) on a 2-core CPU: 0.05 s per digest against 1.9-2.2 s for the whole save (~2.5%).
 """
 
 from __future__ import annotations
@@ -75,21 +76,24 @@ def _bits(x: jax.Array) -> jax.Array:
 
 
 def _leaf_digest(x: jax.Array) -> jax.Array:
-    """uint32[3]: (h1, h2, number of non-finite elements) of one array."""
+    """uint32[3]: (h1, h2, number of non-finite elements) of one array, in one pass over it."""
     bits = _bits(x)
     index = jnp.zeros(bits.shape, jnp.uint32)
     stride = np.uint32(1)
     for axis in reversed(range(bits.ndim)):  # flat row-major index from broadcast iotas: no reshape
         index = index + jax.lax.broadcasted_iota(jnp.uint32, bits.shape, axis) * stride
         stride = np.uint32((int(stride) * bits.shape[axis]) % (1 << 32))
-    h1 = jnp.sum(bits * (index * np.uint32(2) + np.uint32(1)), dtype=jnp.uint32)
-    mixed = (bits ^ (bits >> 16)) * _MIX
-    h2 = jnp.sum(mixed * ((index * _GOLDEN) | np.uint32(1)), dtype=jnp.uint32)
-    if jnp.issubdtype(x.dtype, jnp.inexact):
-        bad = jnp.sum(~jnp.isfinite(x), dtype=jnp.uint32)
-    else:
-        bad = jnp.zeros((), jnp.uint32)
-    return jnp.stack([h1, h2, bad])
+    h1_terms = bits * (index * np.uint32(2) + np.uint32(1))
+    h2_terms = ((bits ^ (bits >> 16)) * _MIX) * ((index * _GOLDEN) | np.uint32(1))
+    finite = jnp.isfinite(x) if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.ones(x.shape, bool)
+    bad_terms = jnp.broadcast_to((~finite).astype(jnp.uint32)[..., None] if bits.ndim > x.ndim
+                                 else (~finite).astype(jnp.uint32), bits.shape)
+    zero = np.uint32(0)
+    # One variadic reduction: a single loop over the array (three separate sums take ~15x longer on CPU).
+    sums = jax.lax.reduce((h1_terms, h2_terms, bad_terms), (zero, zero, zero),
+                          lambda a, b: tuple(u + v for u, v in zip(a, b, strict=True)),
+                          tuple(range(bits.ndim)))
+    return jnp.stack(sums)
 
 
 @jax.jit
