@@ -76,6 +76,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.final_beam_size = paper.BEAM_SIZE  # beam for the final evaluation
     config.final_alpha = paper.LENGTH_PENALTY_ALPHA  # GNMT length penalty
     config.final_max_extra_len = paper.MAX_EXTRA_LEN  # longest output = input length + this
+    config.final_average_last = 1  # score the mean of the newest N checkpoints (paper: 5 base, 20 big)
     config.checkpoint_every_steps = 500  # save every N steps (0: off)
     config.checkpoint_every_minutes = 10.0  # and every M minutes (paper averaged 10-minute checkpoints)
     config.checkpoint_keep = 5  # how many recent checkpoints to keep

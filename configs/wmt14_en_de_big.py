@@ -16,4 +16,5 @@ def get_config():
     config.model.num_heads = 16  # d_k = d_v = 1024 / 16 = 64
     config.model.dropout_rate = 0.3
     config.train.num_steps = paper.TABLE3_BY_NAME["big"].num_steps  # 300k
+    config.final_average_last = paper.AVERAGE_LAST["big"]
     return config

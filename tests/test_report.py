@@ -1,5 +1,6 @@
 """Tests for transformer_jax.report: the paper-comparison table."""
 
+import ml_collections
 import pytest
 
 from transformer_jax import bleu, paper, report
@@ -102,3 +103,24 @@ def test_missing_results_and_bleu_result_objects():
 def test_unknown_split_raises():
     with pytest.raises(ValueError, match="split='valid'"):
         report.paper_comparison_table("wmt14_en_de_base", "valid", RESULTS)
+
+
+def test_final_summary_puts_each_score_beside_its_yardstick():
+    config = ml_collections.ConfigDict({
+        "final_eval_split": "test", "final_beam_size": 4, "dev_bleu_protocol": "multi30k",
+        "data": {"source": "text", "src_lang": "en", "tgt_lang": "de"}})
+    final = {"step": 900, "averaged_checkpoints": 5, "test_sacrebleu": 33.333, "test_multi30k_bleu": 38.76,
+             "test_ppl": 4.5, "dev_bleu": 37.0}
+    table = report.final_summary(final, config)
+    rows = {line.split("|")[1].strip(): line.split("|")[2:4] for line in table.splitlines()
+            if line.startswith("| ") and "measure" not in line}
+    assert rows["BLEU, sacreBLEU (13a, cased)"][0].strip() == "33.33"
+    multi30k = rows["BLEU, Multi30k convention (lowercased, Moses-tokenized)"]
+    assert multi30k[0].strip() == "38.76" and "41.0" in multi30k[1]
+    assert rows["dev BLEU (multi30k, greedy)"][0].strip() == "37.00"
+    assert "BLEU, the paper's tokenized compound-split" not in rows  # absent numbers are left out
+    assert "step 900" in table and "5 checkpoints" in table
+    synthetic = ml_collections.ConfigDict({**config.to_dict(), "data": {"source": "synthetic"}})
+    table = report.final_summary({"test_sacrebleu": 80.0, "test_sacrebleu_copy_baseline": 0.08,
+                                  "test_sacrebleu_lexicon_baseline": 11.2}, synthetic)
+    assert "copy baseline 0.1" in table and "lexicon baseline 11.2" in table and "41.0" not in table

@@ -63,7 +63,7 @@ def uninterrupted(tmp_path_factory):
     """One uninterrupted 6-step run, shared by the tests that compare against it."""
     workdir = tmp_path_factory.mktemp("uninterrupted")
     # Profiling steps 2-3 must not change the numbers the other tests compare against.
-    config = tiny_config(**{"profile_start_step": 2, "profile_num_steps": 2})
+    config = tiny_config(**{"profile_start_step": 2, "profile_num_steps": 2, "final_average_last": 3})
     final = train_lib.train_and_evaluate(config, str(workdir))
     return workdir, final
 
@@ -72,8 +72,10 @@ def test_run_writes_metrics_tensorboard_checkpoints_and_final_report(uninterrupt
     workdir, final = uninterrupted
     assert final["step"] == 6
     for key in ("dev_nll", "dev_ppl", "dev_bleu", "test_sacrebleu", "test_tokenized_bleu",
-                "test_sacrebleu_copy_baseline", "test_sacrebleu_lexicon_baseline"):
+                "test_multi30k_bleu", "test_sacrebleu_copy_baseline", "test_sacrebleu_lexicon_baseline"):
         assert np.isfinite(final[key]), key
+    assert final["averaged_steps"] == [2, 4, 6]  # final_average_last=3: the final model is their mean
+    assert json.loads((workdir / "final.json").read_text())["test_sacrebleu"] == final["test_sacrebleu"]
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     train_records = [r for r in records if "train_loss" in r]
     assert [r["step"] for r in train_records] == [2, 4, 6]

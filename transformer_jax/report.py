@@ -176,3 +176,52 @@ def _fmt_int(value: float | None) -> str:
 def _markdown(rows: list[tuple[str, str, str, str]]) -> list[str]:
     lines = ["| metric | this run | paper | note |", "|---|---:|---:|---|"]
     return lines + [f"| {metric} | {ours} | {theirs} | {note} |" for metric, ours, theirs, note in rows]
+
+
+# Published results on other benchmarks that the final summary puts beside a run, keyed by
+# (config.data.source, src_lang, tgt_lang) and the protocol they use.
+ANCHORS = {
+    ("text", "en", "de"): ("multi30k_bleu", 41.0, "fairseq Transformer 4+4, d_model 128, beam 5, test2016 "
+                           "(Wu et al., 2021, text-only baseline)"),
+}
+_SUMMARY_ROWS = (  # (key suffix, label); the split prefix is added
+    ("sacrebleu", "BLEU, sacreBLEU (13a, cased)"),
+    ("tokenized_bleu", "BLEU, the paper's tokenized compound-split"),
+    ("multi30k_bleu", "BLEU, Multi30k convention (lowercased, Moses-tokenized)"),
+    ("f1", "bracket F1 (EVALB, COLLINS.prm)"),
+    ("ppl", "perplexity (per subword)"),
+)
+
+
+def final_summary(final: Mapping[str, Any], config: Any) -> str:
+    """A small markdown table of a run's final scores, each beside its yardstick where one exists.
+
+    Yardsticks: the synthetic task's copy and lexicon baselines, the right-branching parse, a published
+    anchor for the data set (``ANCHORS``) or the paper's Table 2 row (``paper_comparison_table``).
+    """
+    split = config.final_eval_split
+    anchor = ANCHORS.get((config.data.source, config.data.get("src_lang"), config.data.get("tgt_lang")))
+    averaged = final.get("averaged_checkpoints")
+    title = (f"Final scores ({split} split, beam {config.final_beam_size}, step {final.get('step')}"
+             + (f", average of {averaged} checkpoints" if averaged else "") + ")")
+    lines = [title, "", "| measure | this run | beside it |", "|---|---:|---|"]
+    for suffix, label in _SUMMARY_ROWS:
+        value = final.get(f"{split}_{suffix}")
+        if not isinstance(value, (int, float)):
+            continue
+        beside = []
+        if suffix == "sacrebleu":
+            beside += [f"{name} baseline {final[key]:.1f}" for name in ("copy", "lexicon")
+                       if isinstance(final.get(key := f"{split}_sacrebleu_{name}_baseline"), (int, float))]
+        if suffix == "f1" and isinstance(final.get(f"{split}_right_branching_f1"), (int, float)):
+            beside.append(f"right-branching {final[f'{split}_right_branching_f1']:.1f}; paper (WSJ, 40k "
+                          f"trees) {paper.TABLE4_TRANSFORMER_F1['wsj_only']}")
+        if anchor and anchor[0] == suffix:
+            beside.append(f"{anchor[1]:.1f}: {anchor[2]}")
+        lines.append(f"| {label} | {value:.2f} | {'; '.join(beside) or _NONE} |")
+    dev_rows = (("dev_ppl", "dev perplexity"), ("dev_bleu", f"dev BLEU ({config.dev_bleu_protocol}, greedy)"),
+                ("dev_f1", "dev F1 (greedy)"))
+    for key, label in dev_rows:
+        if isinstance(final.get(key), (int, float)):
+            lines.append(f"| {label} | {final[key]:.2f} | {_NONE} |")
+    return "\n".join(lines)

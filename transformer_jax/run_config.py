@@ -117,6 +117,10 @@ def _check_loop(config: ml_collections.ConfigDict) -> None:
     _check_int(config, "final_beam_size", 1, "1 is greedy search")
     _check_number(config, "final_alpha", 0.0, hint="the GNMT length penalty; 0 turns it off")
     _check_int(config, "final_max_extra_len", 0)
+    _check_int(config, "final_average_last", 1, "1 scores the final state alone")
+    if config.final_average_last > config.checkpoint_keep:
+        raise _bad("final_average_last", config.final_average_last,
+                   f"at most checkpoint_keep={config.checkpoint_keep} (only that many checkpoints are kept)")
 
 
 def _check_sharding(config: ml_collections.ConfigDict, environment: bool) -> None:

@@ -33,7 +33,8 @@ import optax
 from jax.experimental import multihost_utils
 
 from transformer_jax import data as data_lib
-from transformer_jax import evaluation, flops, parsing_eval, restore, sharding, steps
+from transformer_jax import evaluation, flops, parsing_eval, report, restore, sharding, steps
+from transformer_jax.averaging import average_checkpoints
 from transformer_jax.checkpoint import Checkpointer
 from transformer_jax.checkpoint_checks import NonFiniteStateError
 from transformer_jax.metric_writer import MetricWriter
@@ -255,7 +256,7 @@ def _train_locked(config: ml_collections.ConfigDict, workdir: str, guard: Preemp
                 return {"preempted": True, "step": step}
             try:
                 with guard.interrupting() if jax.process_count() == 1 else contextlib.nullcontext():
-                    final = _final_evaluation(trainer, state, step, started)
+                    final = _final_evaluation(trainer, state, step, started, ckpt)
             except Preempted:
                 _say(is_main, f"Stopped by {guard.signal_name} during the final evaluation. Training is "
                      f"done and checkpoint step {step} is saved in {ckpt.directory}; score it with "
@@ -263,19 +264,37 @@ def _train_locked(config: ml_collections.ConfigDict, workdir: str, guard: Preemp
                 return {"preempted": True, "step": step}
             writer.write(step, {k: v for k, v in final.items() if isinstance(v, (int, float))})
     if is_main:
-        print(json.dumps({"final": final}, indent=1, default=str))
+        path = os.path.join(workdir, "final.json")
+        with open(path, "w") as f:
+            json.dump(final, f, indent=1, default=str)
+        if config.final_eval_split:
+            print(report.final_summary(final, config))
+        print(f"All final numbers: {path}")
     return final
 
 
-def _final_evaluation(trainer: Trainer, state: TrainState, step: int, started: float) -> dict[str, Any]:
-    """Dev metrics and the report on ``config.final_eval_split`` (single-process runs) of the final state."""
+def _final_evaluation(trainer: Trainer, state: TrainState, step: int, started: float,
+                      ckpt: Checkpointer) -> dict[str, Any]:
+    """Dev metrics and the report on ``config.final_eval_split`` (single-process runs) of the final model.
+
+    The final model is the final state's parameters, or with ``config.final_average_last`` N > 1 the
+    mean of the newest N checkpoints (the paper averages the last 5 or 20; fewer are averaged, and the
+    count reported, when the run saved fewer).
+    """
     config = trainer.config
     final = {"step": step, "train_seconds": time.time() - started}
+    params = state.params
+    saved = [s for s in ckpt.all_steps() if s <= step]
+    if config.final_average_last > 1 and len(saved) > 1:
+        chosen = saved[-config.final_average_last:]
+        params = average_checkpoints(ckpt.directory, abstract_state(state), len(chosen), steps=chosen)
+        final["averaged_checkpoints"] = len(chosen)
+        final["averaged_steps"] = chosen
     with jax.set_mesh(trainer.mesh), nn.logical_axis_rules(trainer.rules):
-        final.update(evaluate_dev(trainer, state.params))
+        final.update(evaluate_dev(trainer, params))
     if config.final_eval_split and jax.process_count() == 1:
         final.update(evaluation.final_report(
-            state.params, trainer.model_config, trainer.tokenizer, config.data,
+            params, trainer.model_config, trainer.tokenizer, config.data,
             split=config.final_eval_split, beam_size=config.final_beam_size, alpha=config.final_alpha,
             max_extra_len=config.final_max_extra_len))
     return final
