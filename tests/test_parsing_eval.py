@@ -72,8 +72,9 @@ def test_decode_split_matches_one_sentence_at_a_time(beam_size):
     got = parsing_eval.decode_split(params, config, _IdsTokenizer(), batches, beam_size=beam_size,
                                     alpha=0.3, max_extra_len=13, cache_budget_bytes=budget)
     want = []
-    for ids in sources:
-        inputs = np.array([[*ids, 1]], np.int32)
+    for ids in sources:  # each alone, in one padded width (one compiled program; limits use ids)
+        inputs = np.full((1, 24), PAD_ID, np.int32)
+        inputs[0, : len(ids) + 1] = [*ids, 1]
         if beam_size == 1:
             tokens = decode.greedy_search(params, config, inputs, max_extra_len=13)
         else:
