@@ -80,7 +80,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.checkpoint_every_steps = 500  # save every N steps (0: off)
     config.checkpoint_every_minutes = 10.0  # and every M minutes (paper averaged 10-minute checkpoints)
     config.checkpoint_keep = 5  # how many recent checkpoints to keep
-    config.peak_tflops_per_device = 0.33  # for MFU: this 2-core CPU's measured f32 matmul peak
+    config.peak_tflops_per_device = 0.0  # MFU denominator; 0: measure this device's matmul peak at start-up
     config.profile_start_step = 0  # write a jax.profiler trace from this step (0: off)
     config.profile_num_steps = 5  # for this many steps
 

@@ -38,5 +38,4 @@ def get_config():
     config.checkpoint_every_minutes = 10.0
     config.checkpoint_keep = 20  # enough to average the last 5 (base) or 20 (big)
     config.final_average_last = paper.AVERAGE_LAST["base"]
-    config.peak_tflops_per_device = 989.0  # set to your accelerator's peak (H100 dense bf16 here)
     return config

@@ -54,5 +54,4 @@ def get_config():
     config.checkpoint_every_steps = 0  # by time, as the EN-DE base model
     config.checkpoint_every_minutes = 10.0
     config.checkpoint_keep = 20
-    config.peak_tflops_per_device = 989.0  # set to your accelerator's peak (H100 dense bf16 here)
     return config

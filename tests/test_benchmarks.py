@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from absl import flags
 
-from transformer_jax.benchmarks import attention, data, decoding, presets, timing, train_step
+from transformer_jax import timing
+from transformer_jax.benchmarks import attention, data, decoding, presets, train_step
 from transformer_jax.model import ModelConfig
 
 REPO = Path(__file__).resolve().parents[1]

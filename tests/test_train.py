@@ -81,12 +81,19 @@ def test_run_writes_metrics_tensorboard_checkpoints_and_final_report(uninterrupt
     assert [r["step"] for r in train_records] == [2, 4, 6]
     for r in train_records:
         assert r["train_tokens_per_sec"] > 0 and 0 < r["train_mfu"] < 1 and r["train_ppl"] > 1
+        assert r["train_peak_tflops"] > 0  # measured at start-up: the default config gives none
     assert any("dev_nll" in r for r in records)
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(workdir / "tensorboard"))
     assert sorted(int(s) for s in os.listdir(workdir / "checkpoints") if s.isdigit()) == [2, 4, 6]
     assert (workdir / "tokenizer").is_dir()
     traces = [f for _, _, files in os.walk(workdir / "profile") for f in files]
     assert any(f.endswith(".xplane.pb") for f in traces), traces
+
+
+def test_mfu_peak_is_the_configs_or_else_measured():
+    assert train_lib._peak_flops(tiny_config(peak_tflops_per_device=2.5)) == 2.5e12
+    measured = train_lib._peak_flops(tiny_config(peak_tflops_per_device=0.0))
+    assert 1e9 < measured < 1e16  # a real FLOP/s figure for this device, whatever it is
 
 
 def test_resume_continues_bitwise(tmp_path, uninterrupted, capsys):

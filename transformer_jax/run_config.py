@@ -109,7 +109,7 @@ def _check_loop(config: ml_collections.ConfigDict) -> None:
     _check_choice(config, "dev_bleu_protocol", tuple(bleu.PROTOCOLS))
     _check_number(config, "checkpoint_every_minutes", 0.0, hint="0 turns it off")
     _check_int(config, "checkpoint_keep", 1, "at least the newest checkpoint is kept")
-    _check_number(config, "peak_tflops_per_device", 0.0, low_open=True)
+    _check_number(config, "peak_tflops_per_device", 0.0, hint="0 measures the device's matmul peak")
     _check_int(config, "profile_start_step", 0, "0 turns profiling off")
     _check_int(config, "profile_num_steps", 1)
     _check_choice(config, "final_eval_split", FINAL_EVAL_SPLITS,

@@ -33,7 +33,7 @@ import optax
 from jax.experimental import multihost_utils
 
 from transformer_jax import data as data_lib
-from transformer_jax import evaluation, flops, parsing_eval, report, restore, sharding, steps
+from transformer_jax import evaluation, flops, parsing_eval, report, restore, sharding, steps, timing
 from transformer_jax.averaging import average_checkpoints
 from transformer_jax.checkpoint import Checkpointer
 from transformer_jax.checkpoint_checks import NonFiniteStateError
@@ -69,6 +69,7 @@ class Trainer:
     schedule: Callable  # optimizer step (from 0) -> learning rate
     state_sharding: Any
     train_step: steps.TrainStepFn  # (state, global batch) -> (state, metric sums); donates the state
+    peak_flops: float  # per device: config.peak_tflops_per_device, or the matmul peak measured at start-up
 
     @functools.cached_property
     def dev_batches(self) -> list:
@@ -110,8 +111,20 @@ def setup(config: ml_collections.ConfigDict,
     schedule = learning_rate_schedule(model_config.d_model, config.train.warmup_steps,
                                       config.train.learning_rate_scale)
     trainer = Trainer(config, workdir, mesh, rules, tokenizer, model_config, tx, schedule,
-                      state_sharding, train_step)
+                      state_sharding, train_step, _peak_flops(config))
     return trainer, state, train_iter
+
+
+def _peak_flops(config: ml_collections.ConfigDict) -> float:
+    """The MFU denominator per device: the config's figure, or else this device's measured matmul peak."""
+    if config.peak_tflops_per_device:
+        return config.peak_tflops_per_device * 1e12
+    peak = timing.matmul_peak(repeats=10)
+    if jax.process_index() == 0:
+        print(f"MFU is against this device's measured {peak.dtype} matmul peak: "
+              f"{peak.best_flops / 1e12:.3g} TFLOP/s (best of {peak.repeats}; median "
+              f"{peak.median_flops / 1e12:.3g}); set config.peak_tflops_per_device to use another.")
+    return peak.best_flops
 
 
 def evaluate_dev(trainer: Trainer, params) -> dict[str, float]:
@@ -191,8 +204,8 @@ def train_loop(trainer: Trainer, state: TrainState, train_iter: data_lib.TrainIt
                 summary.update(
                     learning_rate=float(trainer.schedule(step - 1)),
                     tokens_per_sec=interval_tokens / elapsed,
-                    mfu=interval_flops / elapsed / jax.device_count()
-                    / (config.peak_tflops_per_device * 1e12),
+                    mfu=interval_flops / elapsed / jax.device_count() / trainer.peak_flops,
+                    peak_tflops=trainer.peak_flops / 1e12,
                     steps_per_sec=(step - writer.last_step) / elapsed)
                 writer.write(step, {f"train_{k}": v for k, v in summary.items()})
                 sums, interval_flops, interval_tokens, interval_start = None, 0.0, 0, time.time()

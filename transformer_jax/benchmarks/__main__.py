@@ -15,8 +15,8 @@ import json
 
 from absl import app, flags
 
-from transformer_jax import errors
-from transformer_jax.benchmarks import attention, decoding, presets, timing, train_step
+from transformer_jax import errors, timing
+from transformer_jax.benchmarks import attention, decoding, presets, train_step
 
 _TRAIN_PRESETS = flags.DEFINE_list(
     "train_presets", list(presets.TRAIN_PRESETS),

@@ -23,8 +23,7 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 
-from transformer_jax import attention, errors
-from transformer_jax.benchmarks import timing
+from transformer_jax import attention, errors, timing
 from transformer_jax.blockwise_attention import blockwise_attention
 
 BATCH, NUM_HEADS, D_K = 1, 8, 64

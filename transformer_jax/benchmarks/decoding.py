@@ -23,8 +23,8 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from transformer_jax import decode, errors, flops, paper
-from transformer_jax.benchmarks import presets, timing
+from transformer_jax import decode, errors, flops, paper, timing
+from transformer_jax.benchmarks import presets
 from transformer_jax.model import ModelConfig, init_params
 from transformer_jax.special_ids import PAD_ID
 

@@ -6,8 +6,8 @@ The step is the full one: dropout forward, label-smoothed loss, gradients, Adam 
 Throughput is non-pad target tokens per second of the median step (the batch is random tokens without
 padding, so that is batch x length). FLOPs come from XLA's cost analysis of the compiled step, with the
 analytic matmul count of ``flops.py`` beside them; MFU divides by the best run of the matmul peak
-(``timing.matmul_peak``), and the record carries that peak. The ``big`` preset is too slow to time on
-a CPU, so there it reports FLOPs only.
+(``transformer_jax.timing.matmul_peak``), and the record carries that peak. The ``big`` preset is too
+slow to time on a CPU, so there it reports FLOPs only.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import optax
 from absl import app, flags
 from jax.sharding import NamedSharding, PartitionSpec
 
-from transformer_jax import errors, flops, paper, sharding, steps
-from transformer_jax.benchmarks import presets, timing
+from transformer_jax import errors, flops, paper, sharding, steps, timing
+from transformer_jax.benchmarks import presets
 from transformer_jax.model import ModelConfig, init_params
 from transformer_jax.special_ids import PAD_ID
 from transformer_jax.train_state import TrainState
