@@ -15,13 +15,11 @@ import subprocess
 import sys
 import time
 
-import jax
 import numpy as np
 import pytest
-from tiny import config_with
+from tiny import config_with, saved_state
 
-from transformer_jax import checkpoint_checks, restore, run_config, train_lib
-from transformer_jax.checkpoint import Checkpointer
+from transformer_jax import checkpoint_checks, restore, train_lib
 from transformer_jax.data import load_or_train_tokenizer
 from transformer_jax.errors import MissingFileError
 
@@ -79,14 +77,7 @@ def saved_steps(workdir) -> list[int]:
 
 def state_at(workdir, step):
     """(params as NumPy arrays, data-iterator state) saved at ``step``."""
-    config = config_with(FAULT)
-    tokenizer = restore.load_workdir_tokenizer(config, str(workdir))
-    target = restore.abstract_state_for(config, run_config.model_config_from(config, tokenizer.vocab_size))
-    with Checkpointer(restore.checkpoint_dir(str(workdir)), save_every_steps=None,
-                      save_every_minutes=None, read_only=True) as ckpt:
-        state, data_state, _, restored = ckpt.restore(target, step)
-    assert restored == step
-    return [np.asarray(x) for x in jax.tree.leaves(state.params)], data_state
+    return saved_state(config_with(FAULT), workdir, step)
 
 
 def assert_same_as_reference(workdir, reference, step=STEPS):

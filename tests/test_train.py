@@ -7,13 +7,11 @@ import subprocess
 import sys
 import time
 
-import jax
 import numpy as np
 import pytest
-from tiny import config_with
+from tiny import config_with, saved_state
 
-from transformer_jax import restore, run_config, train_lib
-from transformer_jax.checkpoint import Checkpointer
+from transformer_jax import train_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,15 +37,8 @@ def _flags(**overrides) -> list[str]:
 
 
 def _params(workdir, step):
-    """Restores the parameters saved at ``step`` in ``workdir`` as a flat list of NumPy arrays."""
-    config = tiny_config()
-    tokenizer = restore.load_workdir_tokenizer(config, str(workdir))
-    target = restore.abstract_state_for(config, run_config.model_config_from(config, tokenizer.vocab_size))
-    with Checkpointer(restore.checkpoint_dir(str(workdir)), save_every_steps=None,
-                      save_every_minutes=None, read_only=True) as ckpt:
-        state, data_state, _, restored = ckpt.restore(target, step)
-    assert restored == step
-    return [np.asarray(x) for x in jax.tree.leaves(state.params)], data_state
+    """(params, data state) saved at ``step`` in ``workdir`` by a run of the tiny config."""
+    return saved_state(tiny_config(), workdir, step)
 
 
 def _run_train(workdir, *flags, timeout=300, wait=True):

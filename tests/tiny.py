@@ -1,6 +1,11 @@
 """Shared by the end-to-end tests: the default config with overrides, locked like train.py locks it."""
 
+import jax
+import numpy as np
+
 from configs import default as default_config
+from transformer_jax import restore, run_config
+from transformer_jax.checkpoint import Checkpointer
 
 
 def config_with(overrides: dict):
@@ -14,3 +19,14 @@ def config_with(overrides: dict):
         node[leaf] = value
     config.lock()
     return config
+
+
+def saved_state(config, workdir, step: int):
+    """(params as a flat list of NumPy arrays, data-iterator state) that ``train.py`` saved at ``step``."""
+    tokenizer = restore.load_workdir_tokenizer(config, str(workdir))
+    target = restore.abstract_state_for(config, run_config.model_config_from(config, tokenizer.vocab_size))
+    with Checkpointer(restore.checkpoint_dir(str(workdir)), save_every_steps=None,
+                      save_every_minutes=None, read_only=True) as ckpt:
+        state, data_state, _, restored = ckpt.restore(target, step)
+    assert restored == step
+    return [np.asarray(x) for x in jax.tree.leaves(state.params)], data_state
