@@ -61,12 +61,18 @@ def _xla_flops(fn, *args) -> float:
     return jax.jit(fn).lower(*args).compile().cost_analysis()["flops"]
 
 
+def _random_batch(seed: int, batch: int, src_len: int, tgt_len: int):
+    """int32[batch, src_len] inputs and int32[batch, tgt_len] targets of non-special ids."""
+    rng = np.random.default_rng(seed)
+    inputs = jnp.asarray(rng.integers(4, XLA.vocab_size, (batch, src_len)), jnp.int32)
+    targets = jnp.asarray(rng.integers(4, XLA.vocab_size, (batch, tgt_len)), jnp.int32)
+    return inputs, targets
+
+
 def test_forward_flops_match_xla():
     batch, src_len, tgt_len = 3, 13, 11
     params = init_params(XLA, rng=jax.random.key(0))
-    rng = np.random.default_rng(0)
-    inputs = jnp.asarray(rng.integers(4, XLA.vocab_size, (batch, src_len)), jnp.int32)
-    targets = jnp.asarray(rng.integers(4, XLA.vocab_size, (batch, tgt_len)), jnp.int32)
+    inputs, targets = _random_batch(0, batch, src_len, tgt_len)
     model = Transformer(XLA)
     xla = _xla_flops(lambda p, x, y: model.apply({"params": p}, x, y), params, inputs, targets)
     analytic = flops.forward_flops(XLA, batch, src_len, tgt_len)
@@ -77,9 +83,7 @@ def test_forward_flops_match_xla():
 def test_train_step_flops_match_xla():
     batch, src_len, tgt_len = 3, 13, 11
     params = init_params(XLA, rng=jax.random.key(0))
-    rng = np.random.default_rng(1)
-    inputs = jnp.asarray(rng.integers(4, XLA.vocab_size, (batch, src_len)), jnp.int32)
-    targets = jnp.asarray(rng.integers(4, XLA.vocab_size, (batch, tgt_len)), jnp.int32)
+    inputs, targets = _random_batch(1, batch, src_len, tgt_len)
     model = Transformer(XLA)
 
     def loss(p):
