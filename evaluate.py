@@ -12,7 +12,7 @@ import json
 
 from absl import app, flags, logging
 
-from transformer_jax import errors, evaluation, paper
+from transformer_jax import errors, evaluation, host_memory, paper
 
 _WORKDIR = flags.DEFINE_string("workdir", "workdir", "A train.py workdir.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest good one).")
@@ -50,6 +50,7 @@ _OVERWRITE = flags.DEFINE_bool(
 
 
 def main(argv):
+    host_memory.keep_freed_memory()  # before jax starts its threads: see transformer_jax/host_memory.py
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)  # as train.py: warnings (e.g. skipped blank pairs), no info

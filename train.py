@@ -12,7 +12,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from transformer_jax import errors, train_lib
+from transformer_jax import errors, host_memory, train_lib
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "default.py")
 _CONFIG = config_flags.DEFINE_config_file(
@@ -25,6 +25,7 @@ _MULTIPROCESS = flags.DEFINE_bool(
 
 
 def main(argv):
+    host_memory.keep_freed_memory()  # before jax starts its threads: see transformer_jax/host_memory.py
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     if _MULTIPROCESS.value:

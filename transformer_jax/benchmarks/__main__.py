@@ -15,7 +15,7 @@ import json
 
 from absl import app, flags
 
-from transformer_jax import errors, timing
+from transformer_jax import errors, host_memory, timing
 from transformer_jax.benchmarks import attention, decoding, presets, train_step
 
 _TRAIN_PRESETS = flags.DEFINE_list(
@@ -41,6 +41,7 @@ _ATTENTION_LENGTHS = flags.DEFINE_list(
 
 
 def main(argv: list[str]) -> None:
+    host_memory.keep_freed_memory()  # as train.py and evaluate.py run: see transformer_jax/host_memory.py
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     train_names = presets.check_names(_TRAIN_PRESETS.value, presets.TRAIN_PRESETS, "--train_presets")

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 
-from transformer_jax import attention, errors, timing
+from transformer_jax import attention, errors, host_memory, timing
 from transformer_jax.blockwise_attention import blockwise_attention
 
 BATCH, NUM_HEADS, D_K = 1, 8, 64
@@ -135,6 +135,7 @@ def parse_lengths(values: list[str]) -> list[int]:
 
 
 def main(argv: list[str]) -> None:
+    host_memory.keep_freed_memory()  # as train.py and evaluate.py run: see transformer_jax/host_memory.py
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     values = flags.FLAGS

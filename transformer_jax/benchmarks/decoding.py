@@ -23,7 +23,7 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from transformer_jax import decode, errors, flops, paper, timing
+from transformer_jax import decode, errors, flops, host_memory, paper, timing
 from transformer_jax.benchmarks import presets
 from transformer_jax.model import ModelConfig, init_params
 from transformer_jax.special_ids import PAD_ID
@@ -140,6 +140,7 @@ def _positive_ints(values: list[str] | None, flag: str) -> list[int] | None:
 
 
 def main(argv: list[str]) -> None:
+    host_memory.keep_freed_memory()  # as train.py and evaluate.py run: see transformer_jax/host_memory.py
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     values = flags.FLAGS

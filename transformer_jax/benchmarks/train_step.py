@@ -22,7 +22,7 @@ import optax
 from absl import app, flags
 from jax.sharding import NamedSharding, PartitionSpec
 
-from transformer_jax import errors, flops, paper, sharding, steps, timing
+from transformer_jax import errors, flops, host_memory, paper, sharding, steps, timing
 from transformer_jax.benchmarks import presets
 from transformer_jax.model import ModelConfig, init_params
 from transformer_jax.special_ids import PAD_ID
@@ -127,6 +127,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 
 
 def main(argv: list[str]) -> None:
+    host_memory.keep_freed_memory()  # as train.py and evaluate.py run: see transformer_jax/host_memory.py
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     values = flags.FLAGS
