@@ -2,14 +2,16 @@
 
     python train.py --config=configs/table3.py:C-dmodel256            # paper scale (WMT14 EN-DE)
     python train.py --config=configs/table3.py:C-dmodel256,cpu        # shrunk: synthetic task, 2 CPU cores
+    python train.py --config=configs/table3.py:C-dmodel256,multi30k   # shrunk: Multi30k EN->DE, 2 CPU cores
     python -m transformer_jax.sweep --grid table3 --rows A,E --scale cpu --workdir runs/table3
+    python -m transformer_jax.sweep --grid table3 --rows A,B,D,E --scale multi30k --workdir runs/t3m
 
 The config argument is ``<row>[,<scale>]``: ``row`` is a name of ``paper.TABLE3`` (``base``, ``A-heads1``,
 ``A-heads4``, ``A-heads16``, ``A-heads32``, ``B-dk16``, ``B-dk32``, ``C-layers2``, ``C-layers4``,
 ``C-layers8``, ``C-dmodel256``, ``C-dmodel1024``, ``C-dff1024``, ``C-dff4096``, ``D-drop0.0``,
 ``D-drop0.2``, ``D-ls0.0``, ``D-ls0.2``, ``E-learned-pos``, ``big``; default ``base``) and ``scale`` is
-``paper`` (default) or ``cpu``. ``config.name`` is ``table3/<row>``, which the evaluation report matches
-to the paper's Table 3 row (newstest2013: PPL, BLEU).
+``paper`` (default), ``cpu`` or ``multi30k``. ``config.name`` is ``table3/<row>``, which the evaluation
+report matches to the paper's Table 3 row (newstest2013: PPL, BLEU).
 
 A row is a set of overrides (``paper.TABLE3``; the numbers live only in ``transformer_jax/paper.py``):
 ``row.model`` holds ``ModelConfig`` fields and ``row.train`` ``config.train`` fields, applied with
@@ -38,8 +40,27 @@ shared, busy machine: rows base, A, D and E took 27 minutes). Mapping, paper -> 
     dev set                            200 synthetic sentences, scored once at the end (no periodic eval,
                                        no test-set decode); ``transformer_jax.sweep`` decodes it greedily
 
-Absolute numbers at cpu scale are not comparable with the paper's; the direction of each change against
-the base row is (see ``python -m transformer_jax.sweep report``).
+Scale ``multi30k``: the same relative change on configs/multi30k.py (real data: Multi30k EN->DE, 29k
+pairs, its 8k shared BPE, pre-norm; 2k-token batches), sized so that rows base (3 seeds), A, B, D and
+E, 14 runs, take about 100 minutes on 2 CPU cores, dev decoding included. Mapping, paper -> multi30k:
+
+    d_model, d_ff, d_k, d_v   x 1/4    base 512/2048 -> 128/512 (d_k = d_v = 16); A-heads1 -> d_k 128 ...
+                                       A-heads32 -> d_k 4; B-dk16 -> d_k 4, B-dk32 -> 8
+    N                         x 2/3    base 6 -> 4 (the recipe's); C-layers2/4/8 -> 1/2/5
+    h, P_drop, eps_ls, positions kept  so the base row has 8 heads and P_drop 0.1, where the 3k-step
+                                       recipe has 4 heads and 0.3: at 600 steps nothing overfits yet
+    num_steps                 x 3/500  base 100k -> 600 steps of 2k tokens (~3 epochs), big -> 1800
+    schedule                           the paper's, warmup 200, learning_rate_scale 0.9: peak 5.6e-3 at
+                                       d_model 128, the recipe's peak
+    dev set                            all 1014 val sentences, scored once at the end with beam 4 (alpha
+                                       0.6) in the dataset's BLEU convention (dev_bleu_protocol multi30k)
+
+The budget: a base row took 310-345 s here (~4.3 min of train.py: start-up, compilation and 600 steps at
+~2.5 steps/s; ~1 min of evaluate.py); the 14 rows took 85.5 minutes, one kill and resume included
+(docs/sweeps.md).
+
+Absolute numbers at cpu and multi30k scale are not comparable with the paper's; the direction of each
+change against the base row is (see ``python -m transformer_jax.sweep report``).
 
 A scale is one entry of ``SCALES``: its base config and, per field, how a paper value maps onto it.
 """
@@ -53,6 +74,7 @@ from typing import Any
 import ml_collections
 
 from configs import default as default_lib
+from configs import multi30k as multi30k_lib
 from configs import wmt14_en_de_base as paper_base_lib
 from transformer_jax import paper
 from transformer_jax.model import ModelConfig
@@ -87,6 +109,7 @@ def _cpu_base() -> ml_collections.ConfigDict:
     config.data.tokens_per_batch = 2048  # per side, padding included
     config.data.length_buckets = (32, 64)  # two compiled programs, not four: compiling dominates short runs
     config.data.synthetic_dev_size = 200  # dev set the sweep scores (PPL and greedy BLEU)
+    config.dev_bleu_protocol = "tokenized"  # the paper's, as the sweep reports it
     config.train.warmup_steps = 100
     config.train.learning_rate_scale = 0.5  # peak 0.0063 at d_model 64; 1.0 and 2.0 learned slower
     config.log_every_steps = 50
@@ -99,7 +122,29 @@ def _cpu_base() -> ml_collections.ConfigDict:
     return config
 
 
+# Per row at multi30k scale: the base row's 100k paper steps become MULTI30K_STEPS (other rows in
+# proportion), with this warmup. Chosen so that rows base (3 seeds), A, B, D and E take about 100 minutes.
+MULTI30K_STEPS, MULTI30K_WARMUP = 600, 200
+
+
+def _multi30k_base() -> ml_collections.ConfigDict:
+    config = multi30k_lib.get_config()  # data, vocabulary, length buckets, pre-norm: the recipe's
+    config.data.tokens_per_batch = 2048  # half the recipe's: twice the updates in the same time
+    config.train.warmup_steps = MULTI30K_WARMUP
+    config.train.learning_rate_scale = 0.9  # peak 0.9 * 128^-0.5 * 200^-0.5 = 5.6e-3, the recipe's peak
+    config.log_every_steps = 50
+    config.eval_every_steps = 0  # no periodic dev evaluation; the sweep scores dev once (beam 4)
+    config.eval_bleu_examples = 0
+    config.final_eval_split = ""  # no test-set decode: rows are compared on dev, as in Table 3
+    config.final_average_last = 1  # Table 3 rows are single checkpoints, not averages
+    config.checkpoint_every_steps = 100  # a killed row resumes from here
+    config.checkpoint_every_minutes = 0.0
+    config.checkpoint_keep = 2
+    return config
+
+
 _CPU_WIDTH, _CPU_DEPTH = _times(1, 8), _times(1, 2)
+_M30K_WIDTH, _M30K_DEPTH = _times(1, 4), _times(2, 3)
 SCALES = {
     # The paper's own recipe: WMT14 EN-DE with the row's values as they are.
     "paper": Scale(base=paper_base_lib.get_config, model={}, train={}),
@@ -110,6 +155,13 @@ SCALES = {
                "num_encoder_layers": _CPU_DEPTH, "num_decoder_layers": _CPU_DEPTH,
                "num_heads": _keep, "dropout_rate": _keep, "position_encoding": _keep},
         train={"num_steps": _times(3, 1000), "label_smoothing": _keep}),
+    # Multi30k EN->DE on 2 CPU cores: configs/multi30k.py's data and batches (see the module docstring).
+    "multi30k": Scale(
+        base=_multi30k_base,
+        model={"d_model": _M30K_WIDTH, "d_ff": _M30K_WIDTH, "d_k": _M30K_WIDTH, "d_v": _M30K_WIDTH,
+               "num_encoder_layers": _M30K_DEPTH, "num_decoder_layers": _M30K_DEPTH,
+               "num_heads": _keep, "dropout_rate": _keep, "position_encoding": _keep},
+        train={"num_steps": _times(MULTI30K_STEPS, paper.BASE_TRAIN["num_steps"]), "label_smoothing": _keep}),
 }
 
 

@@ -34,6 +34,7 @@ def get_config():
     config.log_every_steps = 100
     config.eval_every_steps = 5000
     config.eval_bleu_examples = 500
+    config.dev_bleu_protocol = "tokenized"  # the paper's BLEU (Tables 2 and 3), newstest2013 being dev
     config.checkpoint_every_steps = 0  # by time instead, as the paper did
     config.checkpoint_every_minutes = 10.0
     config.checkpoint_keep = 20  # enough to average the last 5 (base) or 20 (big)

@@ -43,7 +43,7 @@ def test_every_row_builds_a_valid_config(scale):
         validate_config(config)
         _model(config)
         assert config.name == f"table3/{row.name}"
-        assert config.data.source == {"paper": "tfds", "cpu": "synthetic"}[scale]
+        assert config.data.source == {"paper": "tfds", "cpu": "synthetic", "multi30k": "text"}[scale]
 
 
 # (d_model, d_ff, h, d_k, d_v, N, P_drop, positions, eps_ls, steps), written out from Table 3 and the
@@ -65,6 +65,17 @@ EXPECTED = {
     ("D-ls0.0", "cpu"): (64, 256, 8, 8, 8, 3, 0.1, "sinusoidal", 0.0, 300),
     ("E-learned-pos", "cpu"): (64, 256, 8, 8, 8, 3, 0.1, "learned", 0.1, 300),
     ("big", "cpu"): (128, 512, 16, 8, 8, 3, 0.3, "sinusoidal", 0.1, 900),
+    # multi30k: widths / 4, N x 2/3, steps x 3/500.
+    ("base", "multi30k"): (128, 512, 8, 16, 16, 4, 0.1, "sinusoidal", 0.1, 600),
+    ("A-heads1", "multi30k"): (128, 512, 1, 128, 128, 4, 0.1, "sinusoidal", 0.1, 600),
+    ("A-heads32", "multi30k"): (128, 512, 32, 4, 4, 4, 0.1, "sinusoidal", 0.1, 600),
+    ("B-dk32", "multi30k"): (128, 512, 8, 8, 16, 4, 0.1, "sinusoidal", 0.1, 600),
+    ("C-layers2", "multi30k"): (128, 512, 8, 16, 16, 1, 0.1, "sinusoidal", 0.1, 600),
+    ("C-layers8", "multi30k"): (128, 512, 8, 16, 16, 5, 0.1, "sinusoidal", 0.1, 600),
+    ("D-drop0.2", "multi30k"): (128, 512, 8, 16, 16, 4, 0.2, "sinusoidal", 0.1, 600),
+    ("D-ls0.2", "multi30k"): (128, 512, 8, 16, 16, 4, 0.1, "sinusoidal", 0.2, 600),
+    ("E-learned-pos", "multi30k"): (128, 512, 8, 16, 16, 4, 0.1, "learned", 0.1, 600),
+    ("big", "multi30k"): (256, 1024, 16, 16, 16, 4, 0.3, "sinusoidal", 0.1, 1800),
 }
 
 
@@ -200,7 +211,7 @@ class FakeRunner:
         self.commands.append((script, row))
         if row in self.fail:
             return 1
-        num_steps = table3.get_config(f"{row},cpu").train.num_steps
+        num_steps = table3.get_config(f"{row.partition('-seed')[0]},cpu").train.num_steps  # base-seed1: base
         if script == "train.py":
             with open(os.path.join(row_dir, "metrics.jsonl"), "a") as f:
                 if row in self.preempt_once:  # stopped half-way: no final record
@@ -221,7 +232,7 @@ def test_local_sweep_skips_finished_rows_and_resumes_partial_ones(tmp_path, monk
     workdir = tmp_path / "t3"
     runner = FakeRunner(preempt_once={"A-heads4"})
     monkeypatch.setattr(launchers, "run_command", runner)
-    args = ["--grid", "table3", "--rows", "A-heads1,A-heads4,E", "--scale", "cpu",
+    args = ["--grid", "table3", "--rows", "A-heads1,A-heads4,E", "--scale", "cpu", "--base_seeds", "1",
             "--workdir", str(workdir)]
     # A half-finished sweep: base done, A-heads1 trained but not evaluated.
     (workdir / "base").mkdir(parents=True)
@@ -251,6 +262,23 @@ def test_local_sweep_skips_finished_rows_and_resumes_partial_ones(tmp_path, monk
     assert [r["name"] for r in manifest["rows"]] == ["base", "A-heads1", "A-heads4", "E-learned-pos"]
 
 
+def test_an_attempt_killed_with_the_launcher_counts_until_its_log_stopped(tmp_path, monkeypatch):
+    monkeypatch.setattr(launchers, "run_command", FakeRunner())
+    row_dir = tmp_path / "A-heads4"
+    row_dir.mkdir()
+    # The first attempt started 100 s ago; launcher and train.py were killed 40 s ago (the log's last write).
+    started = 1_000_000.0
+    (row_dir / launchers.ATTEMPTS).write_text(json.dumps({"phase": "train", "started": started}) + "\n")
+    (row_dir / "train.log").write_text("...")
+    os.utime(row_dir / "train.log", (started + 60, started + 60))
+    assert launchers.attempt_seconds(str(row_dir)) == (60.0, 1)
+    assert run("--rows", "A-heads4", "--base_seeds", "1", "--scale", "cpu", "--workdir", str(tmp_path)) == 0
+    result = json.loads((row_dir / "result.json").read_text())
+    assert result["attempts"] == 2
+    # The killed attempt's 60 s plus the second attempt's train and evaluate phases (fake: ~0 s).
+    assert 60.0 <= result["wall_seconds"] < 65.0
+
+
 def test_a_crashing_row_does_not_stop_the_sweep(tmp_path, monkeypatch):
     runner = FakeRunner(fail={"D-ls0.0"})
     monkeypatch.setattr(launchers, "run_command", runner)
@@ -271,14 +299,37 @@ def test_print_and_slurm_launchers(tmp_path, capsys):
     assert run("--rows", "C-dmodel256", "--scale", "cpu", "--workdir", str(tmp_path),
                "--launcher", "print") == 0
     out = capsys.readouterr().out
-    assert out.count("train.py --config=configs/table3.py:") == 2  # base is added
+    assert out.count("train.py --config=configs/table3.py:") == 4  # base is added, with 3 seeds
+    assert out.count("train.py --config=configs/table3.py:base,cpu --config.seed=2 ") == 1
     assert "--config=configs/table3.py:C-dmodel256,cpu" in out and "evaluate.py" in out
     assert "--split=dev --beam_size=1" in out and "(paper x10^6: 28)" in out
 
 
+def test_base_seeds_are_extra_rows_in_every_launcher(tmp_path, monkeypatch):
+    runner = FakeRunner()
+    monkeypatch.setattr(launchers, "run_command", runner)
+    assert run("--rows", "E", "--scale", "cpu", "--workdir", str(tmp_path / "local")) == 0
+    assert [row for script, row in runner.commands if script == "train.py"] == [
+        "base", "base-seed1", "base-seed2", "E-learned-pos"]
+    manifest = json.loads((tmp_path / "local" / "sweep.json").read_text())
+    assert [(r["name"], r["paper_row"], r["changes"]) for r in manifest["rows"]] == [
+        ("base", "base", {}), ("base-seed1", "base", {"seed": 1}), ("base-seed2", "base", {"seed": 2}),
+        ("E-learned-pos", "E-learned-pos", {"position_encoding": "learned"})]
+    result = json.loads((tmp_path / "local" / "base-seed2" / "result.json").read_text())
+    assert result["changes"] == {"seed": 2}
+
+    assert run("--rows", "E", "--scale", "cpu", "--workdir", str(tmp_path / "slurm"),
+               "--launcher", "slurm") == 0
+    script = (tmp_path / "slurm" / "sweep.sbatch").read_text()
+    assert "#SBATCH --array=0-3" in script and "#   1: base-seed1" in script
+    assert "--rows=base,E-learned-pos --base_seeds=3" in script  # task i rebuilds the same 4 rows
+    assert run("--rows", "E", "--base_seeds", "0", "--scale", "cpu", "--workdir", str(tmp_path / "x")) == 2
+
+
 def test_report_reads_rows_run_by_hand(tmp_path, capsys):
     """After --launcher print, the user runs the commands: no result.json, but the report finds them."""
-    args = ["--rows", "E", "--scale", "cpu", "--workdir", str(tmp_path), "--launcher", "print"]
+    args = ["--rows", "E", "--scale", "cpu", "--base_seeds", "1", "--workdir", str(tmp_path),
+            "--launcher", "print"]
     assert run(*args) == 0
     runner = FakeRunner()
     for line in capsys.readouterr().out.splitlines():

@@ -42,8 +42,8 @@ def test_direction_uses_one_rule_for_both():
     assert report.direction(25.4, 25.8, "bleu") == "down"
 
 
-def _fake_sweep(workdir, results):
-    rows = grid.table3_rows(",".join(results), "cpu")
+def _fake_sweep(workdir, results, base_seeds=1):
+    rows = grid.table3_rows(",".join(r for r in results if not r.startswith("base-seed")), "cpu", base_seeds)
     info = grid.validate_rows(rows)
     launchers.write_manifest(str(workdir), grid="table3", scale="cpu", config_arg=None, rows=rows, info=info)
     for name, (ppl, bleu) in results.items():
@@ -71,18 +71,21 @@ def test_report_from_fake_results(tmp_path, capsys):
     # A-heads1: PPL 10 -> 11 (+10%; paper 4.92 -> 5.29, +7.5%), BLEU 20 -> 18 (paper 25.8 -> 24.9).
     assert _cells(markdown, "A-heads1")[-1][2:] == [
         "up (+10.0%)", "up (+7.5%)", "agrees", "down (-2.00)", "down (-0.9)", "agrees"]
-    # D-ls0.0: PPL up here (+5%) but down in the paper (4.92 -> 4.67, -5.1%); BLEU 20.1 is within 0.25.
+    # D-ls0.0: PPL up here (+5%) but down in the paper (4.92 -> 4.67, -5.1%); BLEU 20.1 is within the
+    # one-seed band (20 +- 0.25).
     assert _cells(markdown, "D-ls0.0")[-1][2:] == [
-        "up (+5.0%)", "down (-5.1%)", "differs", "flat (+0.10)", "down (-0.5)", "differs"]
-    assert _cells(markdown, "E-learned-pos")[-1][2:5] == ["flat (+0.2%)", "flat (+0.0%)", "agrees"]
+        "up (+5.0%)", "down (-5.1%)", "differs", "within noise (+0.10)", "down (-0.5)", "within noise"]
+    assert _cells(markdown, "E-learned-pos")[-1][2:5] == ["within noise (+0.2%)", "flat (+0.0%)",
+                                                          "within noise"]
+    assert "one base seed, so the band is its value +- 1% PPL / 0.25 BLEU" in markdown
 
     with open(tmp_path / "report.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["row"] for r in rows] == ["base", "A-heads1", "D-ls0.0", "E-learned-pos", "big"]
     assert [r["status"] for r in rows] == ["done"] * 4 + ["not finished"]
     assert float(rows[1]["dev_ppl"]) == 11.0 and rows[1]["paper_ppl_vs_base"] == "up"
-    assert [r["ppl_agrees"] for r in rows[1:4]] == ["True", "False", "True"]
-    assert [r["bleu_agrees"] for r in rows[1:4]] == ["True", "False", "True"]  # E: flat, paper -0.1 flat
+    assert [r["ppl_verdict"] for r in rows[1:4]] == ["agrees", "differs", "within noise"]
+    assert [r["bleu_verdict"] for r in rows[1:4]] == ["agrees", "within noise", "within noise"]
     png = tmp_path / "report.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
@@ -125,4 +128,33 @@ def test_bleu_directions_need_a_base_that_translates(tmp_path):
     _fake_sweep(tmp_path, {"base": (13.0, 0.0), "D-ls0.2": (14.0, 0.0)})
     markdown = report.write_report(str(tmp_path))["markdown"]
     assert _cells(markdown, "D-ls0.2")[-1][2:] == [
-        "up (+7.7%)", "up (+11.2%)", "agrees", "flat (+0.00)", "flat (-0.1)", "not compared"]
+        "up (+7.7%)", "up (+11.2%)", "agrees", "within noise (+0.00)", "flat (-0.1)", "not compared"]
+
+
+def test_noise_band_is_the_spread_of_the_base_seeds(tmp_path):
+    # Base seeds: PPL 10.0, 10.4, 10.2 (mean 10.2, band 10.0-10.4); BLEU 20.0, 19.0, 21.0 (mean 20, 19-21).
+    _fake_sweep(tmp_path, {"base": (10.0, 20.0), "base-seed1": (10.4, 19.0), "base-seed2": (10.2, 21.0),
+                           "A-heads1": (10.5, 18.5), "A-heads4": (10.3, 21.5), "D-ls0.0": (9.9, 20.5)},
+                base_seeds=3)
+    result = report.build_report(str(tmp_path))
+    markdown = result["markdown"]
+    assert [r["row"] for r in result["rows"]] == [
+        "base", "base-seed1", "base-seed2", "A-heads1", "A-heads4", "D-ls0.0"]
+    assert result["noise"] == {"seeds": 3, "base_ppl": 10.2, "base_bleu": 20.0,
+                               "ppl_band": (10.0, 10.4), "bleu_band": (19.0, 21.0)}
+    # A-heads1: 10.5 > 10.4 (+2.9% on 10.2); paper 5.29 vs 4.92 up: agrees. BLEU 18.5 < 19: down, agrees.
+    assert _cells(markdown, "A-heads1")[-1][2:] == [
+        "up (+2.9%)", "up (+7.5%)", "agrees", "down (-1.50)", "down (-0.9)", "agrees"]
+    # A-heads4: PPL 10.3 inside 10.0-10.4; BLEU 21.5 > 21 is up, but the paper's 25.5 vs 25.8 is down.
+    assert _cells(markdown, "A-heads4")[-1][2:] == [
+        "within noise (+1.0%)", "up (+1.6%)", "within noise", "up (+1.50)", "down (-0.3)", "differs"]
+    # D-ls0.0: PPL 9.9 < 10.0 is down, as in the paper (4.67); BLEU 20.5 inside 19-21.
+    assert _cells(markdown, "D-ls0.0")[-1][2:5] == ["down (-2.9%)", "down (-5.1%)", "agrees"]
+    # By group: A has 2 rows (PPL: 1 agrees, 1 within noise; BLEU: 1 agrees, 1 differs), D one.
+    assert _cells(markdown, "A")[0][1:] == ["2", "1", "0", "1", "1", "1", "0"]
+    assert _cells(markdown, "D")[0][1:] == ["1", "1", "0", "0", "0", "0", "1"]
+    assert _cells(markdown, "all")[0][1:] == ["3", "2", "0", "1", "1", "1", "1"]
+    assert "the spread of the base row's 3 seeds: dev PPL 10.00 to 10.40, dev BLEU 19.00 to 21.00" in markdown
+    assert "only the direction of each change against the base row" in markdown
+    assert report.write_report(str(tmp_path))["markdown"] == markdown
+    assert (tmp_path / "report.png").stat().st_size > 10_000

@@ -72,6 +72,11 @@ def references_and_sources(batches) -> tuple[list[str], list[str]]:
             _in_split_order(batches, [b.source_texts for b in batches]))
 
 
+# A protocol of ``bleu.PROTOCOLS`` -> the key of ``translate_and_score`` (and of evaluate.py's JSON) that
+# holds its score.
+BLEU_KEYS = {"sacrebleu": "sacrebleu", "tokenized": "tokenized_bleu", "multi30k": "multi30k_bleu"}
+
+
 def translate_and_score(params, model_config: ModelConfig, tokenizer, batches, *,
                         beam_size: int = paper.BEAM_SIZE, alpha: float = paper.LENGTH_PENALTY_ALPHA,
                         max_extra_len: int = paper.MAX_EXTRA_LEN,

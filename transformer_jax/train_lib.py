@@ -51,9 +51,6 @@ from transformer_jax.train_state import (
 )
 from transformer_jax.workdir_lock import WorkdirLock
 
-# config.dev_bleu_protocol -> the key of evaluation.translate_and_score that holds that score.
-DEV_BLEU_KEYS = {"sacrebleu": "sacrebleu", "tokenized": "tokenized_bleu", "multi30k": "multi30k_bleu"}
-
 
 @dataclasses.dataclass(frozen=True)
 class Trainer:
@@ -146,7 +143,7 @@ def evaluate_dev(trainer: Trainer, params) -> dict[str, float]:
         scores = evaluation.translate_and_score(
             params, trainer.model_config, trainer.tokenizer, trainer.dev_bleu_batches,
             beam_size=1, max_extra_len=config.final_max_extra_len, target_lang=config.data.tgt_lang)
-        results["dev_bleu"] = scores[DEV_BLEU_KEYS[config.dev_bleu_protocol]]
+        results["dev_bleu"] = scores[evaluation.BLEU_KEYS[config.dev_bleu_protocol]]
     return results
 
 

@@ -1,11 +1,11 @@
 """Sweeps: the paper's Table 3 or a cartesian grid, run here, printed, or written as a SLURM array.
 
-    python -m transformer_jax.sweep --grid table3 [--rows A,E] --scale cpu --workdir runs/table3
+    python -m transformer_jax.sweep --grid table3 [--rows A,E] --scale multi30k --workdir runs/t3m
     python -m transformer_jax.sweep --grid table3 --scale paper --workdir runs/t3 --launcher slurm
     python -m transformer_jax.sweep --grid 'model.num_heads=1,4,8 model.dropout_rate=0.0,0.1' \\
         --config configs/default.py --workdir runs/heads --launcher print
     python -m transformer_jax.sweep report --workdir runs/table3
-    python -m transformer_jax.sweep params [--scale paper|cpu] [--rows C]
+    python -m transformer_jax.sweep params [--scale paper|cpu|multi30k] [--rows C]
 
 A sweep is a list of rows; each row is a config (``configs/table3.py:<row>,<scale>``, or ``--config`` plus
 ``--config.<key>=<value>`` overrides) trained by ``train.py`` into ``<workdir>/<row>`` and scored on the

@@ -1,10 +1,10 @@
 """Command line of the sweeps: ``python -m transformer_jax.sweep [launch|report|params] --flags``.
 
-    python -m transformer_jax.sweep --grid table3 [--rows A,E] --scale cpu --workdir runs/table3
+    python -m transformer_jax.sweep --grid table3 [--rows A,E] --scale multi30k --workdir runs/t3m
     python -m transformer_jax.sweep --grid 'model.num_heads=1,4,8 model.dropout_rate=0.0,0.1' \\
         --config configs/default.py --workdir runs/heads --launcher print
     python -m transformer_jax.sweep report --workdir runs/table3
-    python -m transformer_jax.sweep params [--scale paper|cpu] [--rows C]
+    python -m transformer_jax.sweep params [--scale paper|cpu|multi30k] [--rows C]
 
 Dev decoding: beam 4, alpha 0.6 as in Table 3, except at ``--scale cpu`` where it is greedy (beam 1) to
 save time; ``--beam_size`` overrides both. See ``transformer_jax/sweep/__init__.py`` and docs/sweeps.md.
@@ -33,9 +33,13 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_string("rows", None, "Table 3 only: comma-separated groups (base, A-E, big) and row names, "
                         "e.g. A,E or C-dmodel256. Default: every row. The base row is added when missing.",
                         flag_values=flag_values)
-    flags.DEFINE_string("scale", None, "Table 3 only: the scale of configs/table3.py the rows run at, e.g. "
-                        "paper (default: WMT14 EN-DE as in the paper) or cpu (a synthetic task on 2 cores).",
+    flags.DEFINE_string("scale", None, "Table 3 only: the scale of configs/table3.py the rows run at: "
+                        "paper (default: WMT14 EN-DE as in the paper), multi30k (Multi30k EN-DE on 2 CPU "
+                        "cores, ~6 min a row) or cpu (a synthetic task, ~2 min a row).",
                         flag_values=flag_values)
+    flags.DEFINE_integer("base_seeds", 3, "Table 3 only: the base row runs with seeds 0 .. n-1 (rows base, "
+                         "base-seed1, ...); a row's change counts as a direction only outside their spread.",
+                         flag_values=flag_values)
     flags.DEFINE_string("config", "configs/default.py", "Base config of a generic grid, path[:argument] "
                         "as train.py's --config (e.g. configs/table3.py:base,cpu).", flag_values=flag_values)
     flags.DEFINE_string("workdir", None, "Sweep directory, one sub-directory per row (default: runs/table3 "
@@ -71,7 +75,7 @@ def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
 
 def _rows(f: flags.FlagValues, rows: str | None) -> list[grid.Row]:
     if f.grid == "table3":
-        return grid.table3_rows(rows, f.scale or "paper")
+        return grid.table3_rows(rows, f.scale or "paper", f.base_seeds)
     if f.rows or f.scale:
         raise ValueError("--rows and --scale apply to --grid table3; a generic grid runs every "
                          "combination (use --row_index for one)")
@@ -114,8 +118,9 @@ def _run(command: str, f: flags.FlagValues) -> int:
         return 0
     task = [python, "-m", "transformer_jax.sweep", f"--grid={f.grid}", f"--workdir={workdir}",
             "--launcher=local", f"--beam_size={beam_size}", f"--python={python}"]
-    if f.grid == "table3":  # explicit names, so that array index i is row i
-        task += [f"--scale={scale}", f"--rows={','.join(r.name for r in rows)}"]
+    if f.grid == "table3":  # explicit names and seeds, so that array index i is row i
+        task += [f"--scale={scale}", f"--rows={','.join(r.name for r in rows if r.name == r.paper_row)}",
+                 f"--base_seeds={f.base_seeds}"]
     else:
         task += [f"--config={config_arg}"]
     path = launchers.launch_slurm(rows, workdir, task, slurm_options=f.slurm_option)

@@ -87,7 +87,8 @@ def build_config(row: Row) -> ml_collections.ConfigDict:
 
 
 def validate_rows(rows: Sequence[Row]) -> dict[str, dict[str, Any]]:
-    """Builds and validates every row's config; returns ``{row: {"params", "num_steps", "vocab_size"}}``.
+    """Builds and validates every row's config; returns ``{row: {"params", "num_steps", "vocab_size",
+    "bleu_protocol"}}`` (the protocol of the row's dev BLEU, its ``config.dev_bleu_protocol``).
 
     Raises ValueError naming the row, before anything trains.
     """
@@ -100,7 +101,7 @@ def validate_rows(rows: Sequence[Row]) -> dict[str, dict[str, Any]]:
         except (ValueError, TypeError) as e:
             raise ValueError(f"sweep row {row.name!r} ({describe(row)}) is invalid: {e}") from e
         info[row.name] = {"params": param_count(model_config), "num_steps": config.train.num_steps,
-                          "vocab_size": config.data.vocab_size}
+                          "vocab_size": config.data.vocab_size, "bleu_protocol": config.dev_bleu_protocol}
     return info
 
 
@@ -128,9 +129,16 @@ def table3_config_arg(row: str, scale: str) -> str:
     return f"{TABLE3_CONFIG}:{row},{scale}"
 
 
-def table3_rows(selection: str | None, scale: str) -> list[Row]:
-    """The selected rows at ``scale``; a row's changes are the model and train fields it sets there."""
-    base = _flat_sections(load_config(table3_config_arg("base", scale))[0])
+def table3_rows(selection: str | None, scale: str, base_seeds: int = 1) -> list[Row]:
+    """The selected rows at ``scale``; a row's changes are the model and train fields it sets there.
+
+    With ``base_seeds`` > 1 the base row (when selected) runs again with seeds 1 .. base_seeds - 1, as
+    rows ``base-seed<k>`` right after it: their spread is the noise band of the report.
+    """
+    if base_seeds < 1:
+        raise ValueError(f"--base_seeds must be at least 1, got {base_seeds}")
+    base_config_arg = table3_config_arg("base", scale)
+    base = _flat_sections(load_config(base_config_arg)[0])
     rows = []
     for paper_row in select_table3_rows(selection):
         config_arg = table3_config_arg(paper_row.name, scale)
@@ -140,6 +148,9 @@ def table3_rows(selection: str | None, scale: str) -> list[Row]:
                          key=lambda k: order.index(k) if k in order else len(order))
         changes = tuple((key, values[key]) for key in changed)
         rows.append(Row(paper_row.name, config_arg, (), changes, paper_row.name))
+        if paper_row.name == "base":
+            rows.extend(Row(f"base-seed{seed}", base_config_arg, (("seed", seed),), (("seed", seed),), "base")
+                        for seed in range(1, base_seeds))
     return rows
 
 

@@ -23,6 +23,7 @@ import time
 from collections.abc import Sequence
 
 from transformer_jax import paper
+from transformer_jax.evaluation import BLEU_KEYS
 from transformer_jax.sweep.grid import REPO_ROOT, Row, describe, format_value
 
 MANIFEST = "sweep.json"
@@ -93,19 +94,47 @@ def latest_dev_eval(row_dir: str) -> dict | None:
         return json.load(f)
 
 
-def _log_attempt(row_dir: str, phase: str, seconds: float, returncode: int) -> None:
+def _append_attempt(row_dir: str, record: dict) -> None:
     with open(os.path.join(row_dir, ATTEMPTS), "a") as f:
-        f.write(json.dumps({"phase": phase, "seconds": seconds, "returncode": returncode,
-                            "time": time.time()}) + "\n")
+        f.write(json.dumps(record) + "\n")
 
 
-def run_row(row: Row, row_dir: str, *, num_steps: int, beam_size: int, python: str) -> dict | None:
+def run_phase(row_dir: str, phase: str, command: list[str]) -> int:
+    """Runs one phase ("train" or "evaluate") of a row, its output to ``<row>/<phase>.log``.
+
+    The attempt is logged in ``attempts.jsonl`` twice: when it starts and when it ends, so that an attempt
+    killed together with the launcher still counts (see ``attempt_seconds``). Returns the exit status.
+    """
+    started = time.time()
+    _append_attempt(row_dir, {"phase": phase, "started": started})
+    code = run_command(command, os.path.join(row_dir, f"{phase}.log"))
+    _append_attempt(row_dir, {"phase": phase, "started": started, "seconds": time.time() - started,
+                              "returncode": code})
+    return code
+
+
+def attempt_seconds(row_dir: str) -> tuple[float, int]:
+    """(wall seconds of every attempt of the row, train and evaluate; the number of train attempts).
+
+    An attempt that started but never logged its end (the launcher was killed with it) counts until the
+    last write to its log.
+    """
+    records = read_jsonl(os.path.join(row_dir, ATTEMPTS))
+    ended = {(r["phase"], r["started"]) for r in records if "seconds" in r}
+    seconds = sum(r["seconds"] for r in records if "seconds" in r)
+    for r in records:
+        if "seconds" not in r and (r["phase"], r["started"]) not in ended:
+            log = os.path.join(row_dir, f"{r['phase']}.log")
+            seconds += max(0.0, os.path.getmtime(log) - r["started"]) if os.path.exists(log) else 0.0
+    return seconds, sum(r["phase"] == "train" and "seconds" not in r for r in records)
+
+
+def run_row(row: Row, row_dir: str, *, num_steps: int, bleu_protocol: str, beam_size: int,
+            python: str) -> dict | None:
     """Trains (or resumes) and evaluates one row; writes and returns ``result.json``, or None if it failed."""
     os.makedirs(row_dir, exist_ok=True)
     if final_train_record(row_dir, num_steps) is None:
-        started = time.time()
-        code = run_command(train_command(row, row_dir, python), os.path.join(row_dir, "train.log"))
-        _log_attempt(row_dir, "train", time.time() - started, code)
+        code = run_phase(row_dir, "train", train_command(row, row_dir, python))
         if code != 0:
             print(f"  training failed (exit {code}); see {os.path.join(row_dir, 'train.log')}")
             return None
@@ -113,28 +142,24 @@ def run_row(row: Row, row_dir: str, *, num_steps: int, beam_size: int, python: s
     if final is None:
         print(f"  training stopped before step {num_steps} (preempted?); run the sweep again to resume")
         return None
-    started = time.time()
-    code = run_command(evaluate_command(row_dir, python, beam_size),
-                        os.path.join(row_dir, "evaluate.log"))
-    _log_attempt(row_dir, "evaluate", time.time() - started, code)
+    code = run_phase(row_dir, "evaluate", evaluate_command(row_dir, python, beam_size))
     evaluation = latest_dev_eval(row_dir)
     if code != 0 or evaluation is None or evaluation["step"] < num_steps:
         print(f"  evaluation failed (exit {code}); see {os.path.join(row_dir, 'evaluate.log')}")
         return None
-    attempts = read_jsonl(os.path.join(row_dir, ATTEMPTS))
-    result = {
-        **result_from(row.name, dict(row.changes), evaluation, final),
-        "wall_seconds": sum(a["seconds"] for a in attempts),  # every attempt: train and evaluate
-        "attempts": len([a for a in attempts if a["phase"] == "train"]),
-    }
+    wall_seconds, attempts = attempt_seconds(row_dir)
+    result = {**result_from(row.name, dict(row.changes), evaluation, final, bleu_protocol),
+              "wall_seconds": wall_seconds, "attempts": attempts}
     with open(os.path.join(row_dir, RESULT), "w") as f:
         json.dump(result, f, indent=1)
     return result
 
 
-def result_from(name: str, changes: dict, evaluation: dict, final: dict) -> dict:
+def result_from(name: str, changes: dict, evaluation: dict, final: dict, bleu_protocol: str) -> dict:
+    """A row's result: evaluate.py's dev scores (``dev_bleu`` under ``bleu_protocol``) and train time."""
     return {"row": name, "changes": changes, "step": evaluation["step"], "dev_ppl": evaluation["ppl"],
-            "dev_bleu": evaluation["tokenized_bleu"], "dev_sacrebleu": evaluation["sacrebleu"],
+            "dev_bleu": evaluation[BLEU_KEYS[bleu_protocol]], "bleu_protocol": bleu_protocol,
+            "dev_sacrebleu": evaluation["sacrebleu"],
             "beam_size": evaluation["beam_size"], "num_sentences": evaluation["num_sentences"],
             "train_seconds": final["train_seconds"]}
 
@@ -152,8 +177,8 @@ def launch_local(rows: Sequence[Row], info: dict, workdir: str, *, beam_size: in
         print(f"{prefix}: {describe(row)}; {info[row.name]['params']:,} parameters; log in "
               f"{os.path.join(row_dir, 'train.log')}", flush=True)
         started = time.time()
-        result = run_row(row, row_dir, num_steps=info[row.name]["num_steps"], beam_size=beam_size,
-                         python=python)
+        result = run_row(row, row_dir, num_steps=info[row.name]["num_steps"],
+                         bleu_protocol=info[row.name]["bleu_protocol"], beam_size=beam_size, python=python)
         if result is None:
             failed.append(row.name)
             continue
@@ -219,9 +244,9 @@ def write_manifest(workdir: str, *, grid: str, scale: str | None, config_arg: st
             manifest["rows"].append({
                 "name": row.name, "config_arg": row.config_arg, "changes": dict(row.changes),
                 "paper_row": row.paper_row, **info[row.name]})
-    if grid == "table3":
+    if grid == "table3":  # Table 3 order; a base row's extra seeds right after it
         order = {r.name: i for i, r in enumerate(paper.TABLE3)}
-        manifest["rows"].sort(key=lambda r: order[r["name"]])
+        manifest["rows"].sort(key=lambda r: (order[r["paper_row"]], r["name"] != r["paper_row"], r["name"]))
     os.makedirs(workdir, exist_ok=True)
     text = json.dumps(manifest, indent=1)
     if _read_text(path) != text:  # SLURM array tasks all write the same manifest

@@ -1,7 +1,9 @@
 """The report of a sweep workdir: ``report.md``, ``report.csv`` and ``report.png``, and the params table.
 
 For Table 3 sweeps, each row sits beside the paper's row, and the direction of each change against the
-base row (PPL and BLEU up, down or flat) is compared with the paper's.
+base row (PPL and BLEU up or down) is compared with the paper's. The base row's seeds (``base``,
+``base-seed1``, ...) give the noise band: a row whose value lies within the seeds' range (min to max) is
+"within noise", not a direction. With one seed, the band is the base value +- the tolerances below.
 """
 
 from __future__ import annotations
@@ -21,9 +23,14 @@ from transformer_jax.model import ModelConfig, param_count
 from transformer_jax.sweep.grid import Row, describe, format_value, load_config, table3_config_arg
 from transformer_jax.sweep.launchers import MANIFEST, RESULT, final_train_record, latest_dev_eval, result_from
 
-# Below these a change counts as "flat" (both for this run and for the paper's printed figures).
+# Below these a change counts as "flat" in the paper's printed figures (and is the noise band of a sweep
+# whose base row has one seed).
 PPL_TOLERANCE = 0.01  # relative: 1% of the base row's perplexity
 BLEU_TOLERANCE = 0.25  # absolute BLEU points
+# How the report names a dev BLEU protocol (``config.dev_bleu_protocol``).
+PROTOCOL_NAMES = {"tokenized": "tokenized BLEU (the paper's protocol)",
+                  "multi30k": "Multi30k BLEU (the dataset's convention: lowercased, Moses-tokenized)",
+                  "sacrebleu": "sacreBLEU (13a, cased)"}
 # Below this base-row BLEU the models do not translate yet and BLEU directions are not compared.
 MIN_BASE_BLEU = 1.0
 
@@ -44,6 +51,29 @@ def direction(value: float, base: float, kind: str) -> str:
     delta = (value - base) / base if kind == "ppl" else value - base
     tolerance = PPL_TOLERANCE if kind == "ppl" else BLEU_TOLERANCE
     return "flat" if abs(delta) <= tolerance else "up" if delta > 0 else "down"
+
+
+def noise_band(values: Sequence[float], kind: str) -> tuple[float, float]:
+    """The range a row must leave to count as a change: the base seeds' min to max.
+
+    One seed has no spread; its band is the value +- PPL_TOLERANCE (relative) / BLEU_TOLERANCE.
+    """
+    if len(values) > 1:
+        return min(values), max(values)
+    (value,) = values
+    tolerance = value * PPL_TOLERANCE if kind == "ppl" else BLEU_TOLERANCE
+    return value - tolerance, value + tolerance
+
+
+def band_direction(value: float, band: tuple[float, float]) -> str:
+    """"up", "down", or "within noise" when ``value`` lies inside ``band`` (ends included)."""
+    low, high = band
+    return "within noise" if low <= value <= high else "up" if value > high else "down"
+
+
+def verdict(ours: str, paper_direction: str) -> str:
+    """"within noise", "agrees" or "differs" (the paper's "flat" against a change here differs)."""
+    return ours if ours == "within noise" else "agrees" if ours == paper_direction else "differs"
 
 
 def _fmt(value: float | None, spec: str = ".2f") -> str:
@@ -67,7 +97,8 @@ def _load_results(workdir: str) -> tuple[dict, list[dict]]:
             final = final_train_record(row_dir, entry["num_steps"])
             evaluation = latest_dev_eval(row_dir)
             if final and evaluation and evaluation["step"] >= entry["num_steps"]:
-                result = {**result_from(entry["name"], entry["changes"], evaluation, final),
+                protocol = entry.get("bleu_protocol", "tokenized")
+                result = {**result_from(entry["name"], entry["changes"], evaluation, final, protocol),
                           "wall_seconds": final["train_seconds"]}  # training only: evaluation untimed
         records.append({**entry, "result": result})
     return manifest, records
@@ -78,7 +109,11 @@ def build_report(workdir: str) -> dict[str, Any]:
     manifest, records = _load_results(workdir)
     is_table3 = manifest["grid"] == "table3"
     scale = manifest["scale"]
-    base = next((r["result"] for r in records if r["name"] == "base" and r["result"]), None)
+    seeds = [r["result"] for r in records if r.get("paper_row") == "base" and r["result"]]
+    base = None
+    if is_table3 and seeds:  # the seeds' mean, and their spread as the noise band
+        base = {kind: float(np.mean([s[f"dev_{kind}"] for s in seeds])) for kind in ("ppl", "bleu")}
+        bands = {kind: noise_band([s[f"dev_{kind}"] for s in seeds], kind) for kind in ("ppl", "bleu")}
     csv_rows = []
     for r in records:
         res = r["result"] or {}
@@ -88,46 +123,55 @@ def build_report(workdir: str) -> dict[str, Any]:
                 "num_steps": r["num_steps"], "wall_seconds": res.get("wall_seconds"),
                 "status": "done" if res else "not finished"}
         if is_table3:
-            p = paper.TABLE3_BY_NAME[r["name"]]
-            item.update(paper_params_millions=p.params_millions, paper_ppl=p.ppl_dev, paper_bleu=p.bleu_dev)
+            p = paper.TABLE3_BY_NAME[r["paper_row"]]
+            item.update(group=p.group, paper_params_millions=p.params_millions, paper_ppl=p.ppl_dev,
+                        paper_bleu=p.bleu_dev)
             if scale != "paper":
-                item["params_at_paper_scale"] = paper_scale_params(r["name"])
-            if base and res and r["name"] != "base":
+                item["params_at_paper_scale"] = paper_scale_params(r["paper_row"])
+            if base and res and r.get("paper_row") != "base":
                 pb = paper.TABLE3_BY_NAME["base"]
-                for kind, ours, theirs, ours_base, theirs_base in (
-                        ("ppl", res["dev_ppl"], p.ppl_dev, base["dev_ppl"], pb.ppl_dev),
-                        ("bleu", res["dev_bleu"], p.bleu_dev, base["dev_bleu"], pb.bleu_dev)):
-                    item[f"{kind}_vs_base"] = direction(ours, ours_base, kind)
+                for kind, ours, theirs, theirs_base in (("ppl", res["dev_ppl"], p.ppl_dev, pb.ppl_dev),
+                                                        ("bleu", res["dev_bleu"], p.bleu_dev, pb.bleu_dev)):
+                    item[f"{kind}_vs_base"] = band_direction(ours, bands[kind])
                     item[f"paper_{kind}_vs_base"] = direction(theirs, theirs_base, kind)
-                    item[f"{kind}_agrees"] = item[f"{kind}_vs_base"] == item[f"paper_{kind}_vs_base"]
-                    if kind == "bleu" and ours_base < MIN_BASE_BLEU:
-                        item["bleu_agrees"] = None  # nothing to compare: no row translates yet
-                    item[f"{kind}_delta"] = ((ours - ours_base) / ours_base * 100 if kind == "ppl"
-                                             else ours - ours_base)
-                    item[f"paper_{kind}_delta"] = ((theirs - theirs_base) / theirs_base * 100
-                                                   if kind == "ppl" else theirs - theirs_base)
+                    item[f"{kind}_verdict"] = verdict(item[f"{kind}_vs_base"], item[f"paper_{kind}_vs_base"])
+                    if kind == "bleu" and base["bleu"] < MIN_BASE_BLEU:
+                        item["bleu_verdict"] = "not compared"  # no row translates yet
+                    item[f"{kind}_delta"] = _delta(ours, base[kind], kind)
+                    item[f"paper_{kind}_delta"] = _delta(theirs, theirs_base, kind)
         csv_rows.append(item)
-    markdown = _markdown(manifest, csv_rows, base is not None)
-    return {"markdown": markdown, "rows": csv_rows, "manifest": manifest}
+    noise = None
+    if base:
+        noise = {"seeds": len(seeds), **{f"base_{kind}": base[kind] for kind in base},
+                 **{f"{kind}_band": bands[kind] for kind in bands}}
+    protocol = next((r["result"].get("bleu_protocol") for r in records if r["result"]), None)
+    markdown = _markdown(manifest, csv_rows, noise, protocol or "tokenized")
+    return {"markdown": markdown, "rows": csv_rows, "manifest": manifest, "noise": noise}
+
+
+def _delta(value: float, base: float, kind: str) -> float:
+    """The change against the base: in % for PPL, in points for BLEU."""
+    return (value - base) / base * 100 if kind == "ppl" else value - base
 
 
 def _changes_text(changes: dict) -> str:
     return ", ".join(f"{k}={format_value(v)}" for k, v in changes.items()) or "—"
 
 
-def _markdown(manifest: dict, rows: list[dict], has_base: bool) -> str:
+def _markdown(manifest: dict, rows: list[dict], noise: dict | None, protocol: str) -> str:
     is_table3, scale = manifest["grid"] == "table3", manifest["scale"]
     done = [r for r in rows if r["status"] == "done"]
     out = []
     if is_table3:
         out.append(f"## Table 3 sweep, {scale} scale ({len(done)} of {len(rows)} rows finished)\n")
-        out.append("Dev PPL is per subword on the run's dev split; dev BLEU is tokenized BLEU (the "
-                   "paper's protocol). Paper columns: Table 3, newstest2013, beam 4, 37k BPE.\n")
+        out.append(f"Dev PPL is per subword on the run's dev split; dev BLEU is {PROTOCOL_NAMES[protocol]}. "
+                   "Paper columns: Table 3, newstest2013, beam 4, 37k BPE.\n")
         if scale != "paper":
             out.append(f"**{scale} scale: absolute values are not comparable with the paper's** "
-                       f"({_scale_summary(scale)}). Compare the direction of each change against the base "
-                       "row (below). 'params' counts this scale's model; 'at paper scale' is the same row "
-                       "built at paper scale (37k vocabulary), beside the paper's x10^6.\n")
+                       f"({_scale_summary(scale)}). The paper's PPL is per wordpiece of a 37k vocabulary "
+                       "on WMT newstest2013, so only the direction of each change against the base row "
+                       "compares (below). 'params' counts this scale's model; 'at paper scale' is the same "
+                       "row built at paper scale (37k vocabulary), beside the paper's x10^6.\n")
             header = ["row", "changes", "params", "at paper scale (x10^6)", "paper (x10^6)",
                       "dev PPL", "paper PPL", "dev BLEU", "paper BLEU", "steps", "wall"]
         else:
@@ -158,7 +202,7 @@ def _markdown(manifest: dict, rows: list[dict], has_base: bool) -> str:
                    f"{_duration(sum(walls))}.")
     if is_table3:
         out.append("")
-        out.extend(_direction_section(rows, has_base))
+        out.extend(_direction_section(rows, noise))
     return "\n".join(out) + "\n"
 
 
@@ -173,39 +217,47 @@ def _scale_summary(scale: str) -> str:
             "see configs/table3.py")
 
 
-def _direction_section(rows: list[dict], has_base: bool) -> list[str]:
-    if not has_base:
+def _direction_section(rows: list[dict], noise: dict | None) -> list[str]:
+    if noise is None:
         return ["No finished base row: the direction of each change cannot be compared "
                 "(add `--rows base`)."]
     compared = [r for r in rows if "ppl_vs_base" in r]
     if not compared:
         return ["Only the base row has finished; nothing to compare with it yet."]
+    (ppl_low, ppl_high), (bleu_low, bleu_high) = noise["ppl_band"], noise["bleu_band"]
+    if noise["seeds"] > 1:
+        band = (f"the spread of the base row's {noise['seeds']} seeds: dev PPL {ppl_low:.2f} to "
+                f"{ppl_high:.2f}, dev BLEU {bleu_low:.2f} to {bleu_high:.2f}; changes are against their "
+                f"mean (PPL {noise['base_ppl']:.2f}, BLEU {noise['base_bleu']:.2f})")
+    else:
+        band = (f"one base seed, so the band is its value +- {PPL_TOLERANCE:.0%} PPL / {BLEU_TOLERANCE} BLEU "
+                "(run the sweep with --base_seeds=3 for a measured band)")
     out = ["### Direction of each change against the base row\n",
-           f"'flat' = within {PPL_TOLERANCE:.0%} of the base PPL or {BLEU_TOLERANCE} BLEU "
-           "(the same rule for the paper's printed figures and for this run). One seed per row: "
-           "small changes at reduced scale are within run-to-run noise.\n",
+           f"A row's change is a direction only outside the noise band, {band}; otherwise it is 'within "
+           f"noise'. The paper's direction is 'flat' within {PPL_TOLERANCE:.0%} PPL or {BLEU_TOLERANCE} "
+           "BLEU of its base row.\n",
            "| row | changes | PPL vs base | paper | | BLEU vs base | paper | |",
            "|---|---|---|---|---|---|---|---|"]
-    verdict = {True: "agrees", False: "differs", None: "not compared"}
     for r in compared:
         out.append(
             f"| {r['row']} | {r['changes']} "
             f"| {r['ppl_vs_base']} ({r['ppl_delta']:+.1f}%) | {r['paper_ppl_vs_base']} "
-            f"({r['paper_ppl_delta']:+.1f}%) | {verdict[r['ppl_agrees']]} "
+            f"({r['paper_ppl_delta']:+.1f}%) | {r['ppl_verdict']} "
             f"| {r['bleu_vs_base']} ({r['bleu_delta']:+.2f}) | {r['paper_bleu_vs_base']} "
-            f"({r['paper_bleu_delta']:+.1f}) | {verdict[r['bleu_agrees']]} |")
-    ppl_ok = sum(r["ppl_agrees"] for r in compared)
-    bleu_compared = [r for r in compared if r["bleu_agrees"] is not None]
-    summary = f"\nPPL direction agrees with the paper on {ppl_ok} of {len(compared)} rows; "
-    if bleu_compared:
-        summary += (f"BLEU direction on {sum(r['bleu_agrees'] for r in bleu_compared)} of "
-                    f"{len(bleu_compared)}.")
-    else:
-        base_bleu = next(r["dev_bleu"] for r in rows if r["row"] == "base")
-        summary += (f"BLEU directions are not compared: the base row's dev BLEU is {base_bleu:.2f} "
-                    f"(< {MIN_BASE_BLEU}): the models do not translate yet at this budget, so BLEU "
-                    "differences between rows are noise.")
-    out.append(summary)
+            f"({r['paper_bleu_delta']:+.1f}) | {r['bleu_verdict']} |")
+    out += ["\nBy group (rows whose direction agrees with the paper's / differs / lies within noise):\n",
+            "| group | rows | PPL: agree | differ | within noise | BLEU: agree | differ | within noise |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    groups = dict.fromkeys(r["group"] for r in compared)
+    for group in [*groups, "all"]:
+        members = [r for r in compared if group in ("all", r["group"])]
+        counts = [sum(r[f"{kind}_verdict"] == v for r in members)
+                  for kind in ("ppl", "bleu") for v in ("agrees", "differs", "within noise")]
+        out.append(f"| {group} | {len(members)} | " + " | ".join(map(str, counts)) + " |")
+    if noise["base_bleu"] < MIN_BASE_BLEU:
+        out.append(f"\nBLEU directions are not compared: the base row's dev BLEU is "
+                   f"{noise['base_bleu']:.2f} (< {MIN_BASE_BLEU}): the models do not translate yet at this "
+                   "budget, so BLEU differences between rows are noise.")
     return out
 
 
@@ -232,35 +284,47 @@ def write_report(workdir: str) -> dict[str, str]:
     return {**paths, "markdown": report["markdown"]}
 
 
+# verdict -> (bar color, legend text)
+VERDICT_STYLES = {"agrees": ("tab:green", "agrees with the paper"),
+                  "differs": ("tab:red", "differs from the paper"),
+                  "within noise": ("tab:gray", "within noise"), "not compared": ("lightgray", "not compared")}
+
+
 def _plot(report: dict, path: str) -> None:
-    """Table 3 with a base row: change vs base, this run beside the paper. Otherwise absolute values."""
+    """Table 3 with a base row: each row's dev PPL and BLEU, the base seeds' noise band shaded, bars
+    colored by the verdict against the paper. Otherwise each row's absolute values."""
     # Imported here: matplotlib is heavy and only the report's plot needs it.
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     rows = [r for r in report["rows"] if r["status"] == "done"]
-    relative = [r for r in rows if "ppl_delta" in r]
+    noise = report["noise"]
     fig, axes = plt.subplots(1, 2, figsize=(max(8, 0.7 * max(len(rows), 1) + 4), 4.5))
-    if relative:
-        x = np.arange(len(relative))
-        for ax, kind, label in ((axes[0], "ppl", "dev PPL change vs base (%)"),
-                                (axes[1], "bleu", "dev BLEU change vs base (points)")):
-            ax.bar(x - 0.2, [r[f"{kind}_delta"] for r in relative], 0.4, label="this sweep")
-            ax.bar(x + 0.2, [r[f"paper_{kind}_delta"] for r in relative], 0.4, label="paper")
-            ax.axhline(0.0, color="black", linewidth=0.8)
-            ax.set_xticks(x, [r["row"] for r in relative], rotation=60, ha="right", fontsize=8)
-            ax.set_title(label)
-            ax.legend()
-        fig.suptitle(f"Table 3, {report['manifest']['scale']} scale: the direction of each change")
-    else:
-        x = np.arange(len(rows))
-        for ax, key, label in ((axes[0], "dev_ppl", "dev PPL"), (axes[1], "dev_bleu", "dev BLEU")):
-            ax.bar(x, [r[key] for r in rows])
-            ax.set_xticks(x, [r["row"] for r in rows], rotation=60, ha="right", fontsize=7)
-            ax.set_title(label)
-    fig.tight_layout()
+    x = np.arange(len(rows))
+    for ax, kind, label in ((axes[0], "ppl", "dev PPL"), (axes[1], "bleu", "dev BLEU")):
+        colors = [VERDICT_STYLES[r[f"{kind}_verdict"]][0] if f"{kind}_verdict" in r else "tab:blue"
+                  for r in rows]
+        ax.bar(x, [r[f"dev_{kind}"] for r in rows], color=colors)
+        if noise:
+            low, high = noise[f"{kind}_band"]
+            ax.axhspan(low, high, color="tab:blue", alpha=0.2, label="noise band (base seeds)")
+            values = [r[f"dev_{kind}"] for r in rows]
+            margin = max(high - low, 0.02 * max(values))
+            ax.set_ylim(max(0.0, min(values + [low]) - 3 * margin), max(values + [high]) + 3 * margin)
+        ax.set_xticks(x, [r["row"] for r in rows], rotation=60, ha="right", fontsize=8)
+        ax.set_title(label)
+    if noise:
+        handles = [Patch(color="tab:blue", alpha=0.2, label=f"noise band ({noise['seeds']} base seeds)"),
+                   Patch(color="tab:blue", label="base seeds"),
+                   *(Patch(color=color, label=text) for color, text in VERDICT_STYLES.values())]
+        fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
+    scale = report["manifest"]["scale"]
+    fig.suptitle(f"Table 3, {scale} scale: each row against the base row's noise band" if noise
+                 else f"Sweep: {report['manifest']['grid']}")
+    fig.tight_layout(rect=(0.0, 0.06 if noise else 0.0, 1.0, 1.0))  # room for the legend below
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
