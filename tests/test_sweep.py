@@ -40,7 +40,7 @@ def _model(config) -> ModelConfig:
 def test_every_row_builds_a_valid_config(scale):
     for row in paper.TABLE3:
         config = table3.get_config(f"{row.name},{scale}")
-        validate_config(config)
+        validate_config(config, environment=False)  # the config alone: data files may be elsewhere
         _model(config)
         assert config.name == f"table3/{row.name}"
         assert config.data.source == {"paper": "tfds", "cpu": "synthetic", "multi30k": "text"}[scale]
@@ -303,6 +303,28 @@ def test_print_and_slurm_launchers(tmp_path, capsys):
     assert out.count("train.py --config=configs/table3.py:base,cpu --config.seed=2 ") == 1
     assert "--config=configs/table3.py:C-dmodel256,cpu" in out and "evaluate.py" in out
     assert "--split=dev --beam_size=1" in out and "(paper x10^6: 28)" in out
+
+
+def test_overrides_reach_every_row_typed(tmp_path, capsys):
+    assert run("--rows", "E", "--scale", "cpu", "--base_seeds", "2", "--override",
+               "data.synthetic_dev_size=50", "--override", "train.warmup_steps=7", "--workdir", str(tmp_path),
+               "--launcher", "print") == 0
+    train_lines = [line for line in capsys.readouterr().out.splitlines() if "train.py" in line]
+    assert len(train_lines) == 3  # base, base-seed1, E-learned-pos
+    assert all("--config.data.synthetic_dev_size=50 --config.train.warmup_steps=7" in line
+               for line in train_lines)
+    base, learned = grid.table3_rows("base,E", "cpu", overrides=["train.warmup_steps=7"])
+    assert base.overrides == learned.overrides == (("train.warmup_steps", 7),)  # an int, as the field
+    assert learned.changes == (("position_encoding", "learned"),)  # overrides are not changes
+    assert run("--rows", "E", "--scale", "cpu", "--override", "warmup", "--workdir", str(tmp_path / "x")) == 2
+    assert run("--rows", "E", "--scale", "cpu", "--override", "train.warmup_steps=x",
+               "--workdir", str(tmp_path / "x")) == 2
+    assert run("--grid", "model.num_heads=2,4", "--override", "seed=1", "--workdir", str(tmp_path / "x")) == 2
+    assert "key=value" in capsys.readouterr().err
+    # Data elsewhere than the config says: every row's files are checked before anything runs.
+    assert run("--rows", "E", "--scale", "multi30k", "--override", f"data.dir={tmp_path / 'none'}",
+               "--workdir", str(tmp_path / "m"), "--launcher", "print") == 2
+    assert str(tmp_path / "none") in capsys.readouterr().err and not (tmp_path / "m").exists()
 
 
 def test_base_seeds_are_extra_rows_in_every_launcher(tmp_path, monkeypatch):

@@ -40,6 +40,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_integer("base_seeds", 3, "Table 3 only: the base row runs with seeds 0 .. n-1 (rows base, "
                          "base-seed1, ...); a row's change counts as a direction only outside their spread.",
                          flag_values=flag_values)
+    flags.DEFINE_multi_string("override", [], "Table 3 only: key=value set on every row, as train.py's "
+                              "--config.key=value, e.g. --override=data.dir=data/multi30k (repeatable).",
+                              flag_values=flag_values)
     flags.DEFINE_string("config", "configs/default.py", "Base config of a generic grid, path[:argument] "
                         "as train.py's --config (e.g. configs/table3.py:base,cpu).", flag_values=flag_values)
     flags.DEFINE_string("workdir", None, "Sweep directory, one sub-directory per row (default: runs/table3 "
@@ -75,10 +78,10 @@ def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
 
 def _rows(f: flags.FlagValues, rows: str | None) -> list[grid.Row]:
     if f.grid == "table3":
-        return grid.table3_rows(rows, f.scale or "paper", f.base_seeds)
-    if f.rows or f.scale:
-        raise ValueError("--rows and --scale apply to --grid table3; a generic grid runs every "
-                         "combination (use --row_index for one)")
+        return grid.table3_rows(rows, f.scale or "paper", f.base_seeds, f.override)
+    if f.rows or f.scale or f.override:
+        raise ValueError("--rows, --scale and --override apply to --grid table3; a generic grid runs every "
+                         "combination of its items over --config (use --row_index for one)")
     return grid.parse_grid(f.grid, f.config)
 
 
@@ -120,7 +123,7 @@ def _run(command: str, f: flags.FlagValues) -> int:
             "--launcher=local", f"--beam_size={beam_size}", f"--python={python}"]
     if f.grid == "table3":  # explicit names and seeds, so that array index i is row i
         task += [f"--scale={scale}", f"--rows={','.join(r.name for r in rows if r.name == r.paper_row)}",
-                 f"--base_seeds={f.base_seeds}"]
+                 f"--base_seeds={f.base_seeds}", *(f"--override={item}" for item in f.override)]
     else:
         task += [f"--config={config_arg}"]
     path = launchers.launch_slurm(rows, workdir, task, slurm_options=f.slurm_option)

@@ -129,15 +129,18 @@ def table3_config_arg(row: str, scale: str) -> str:
     return f"{TABLE3_CONFIG}:{row},{scale}"
 
 
-def table3_rows(selection: str | None, scale: str, base_seeds: int = 1) -> list[Row]:
+def table3_rows(selection: str | None, scale: str, base_seeds: int = 1,
+                overrides: Sequence[str] = ()) -> list[Row]:
     """The selected rows at ``scale``; a row's changes are the model and train fields it sets there.
 
     With ``base_seeds`` > 1 the base row (when selected) runs again with seeds 1 .. base_seeds - 1, as
-    rows ``base-seed<k>`` right after it: their spread is the noise band of the report.
+    rows ``base-seed<k>`` right after it: their spread is the noise band of the report. ``overrides``
+    (``"data.dir=data/multi30k"``...) are set on every row, typed as config_flags types them.
     """
     if base_seeds < 1:
         raise ValueError(f"--base_seeds must be at least 1, got {base_seeds}")
     base_config_arg = table3_config_arg("base", scale)
+    common = tuple(_parse_override(base_config_arg, item) for item in overrides)
     base = _flat_sections(load_config(base_config_arg)[0])
     rows = []
     for paper_row in select_table3_rows(selection):
@@ -147,11 +150,19 @@ def table3_rows(selection: str | None, scale: str, base_seeds: int = 1) -> list[
         changed = sorted((k for k, v in values.items() if v != base[k]),
                          key=lambda k: order.index(k) if k in order else len(order))
         changes = tuple((key, values[key]) for key in changed)
-        rows.append(Row(paper_row.name, config_arg, (), changes, paper_row.name))
+        rows.append(Row(paper_row.name, config_arg, common, changes, paper_row.name))
         if paper_row.name == "base":
-            rows.extend(Row(f"base-seed{seed}", base_config_arg, (("seed", seed),), (("seed", seed),), "base")
-                        for seed in range(1, base_seeds))
+            rows.extend(Row(f"base-seed{seed}", base_config_arg, (*common, ("seed", seed)), (("seed", seed),),
+                            "base") for seed in range(1, base_seeds))
     return rows
+
+
+def _parse_override(config_arg: str, item: str) -> tuple[str, Any]:
+    """``"data.dir=runs/x"`` -> ``("data.dir", "runs/x")``, the value typed as the field of ``config_arg``."""
+    key, sep, text = item.partition("=")
+    if not sep or not key:
+        raise ValueError(f"bad --override {item!r}: expected key=value, e.g. data.dir=data/multi30k")
+    return key, _parse_value(config_arg, key, text)
 
 
 def _flat_sections(config: ml_collections.ConfigDict) -> dict[str, Any]:
