@@ -77,7 +77,7 @@ from configs import default as default_lib
 from configs import multi30k as multi30k_lib
 from configs import wmt14_en_de_base as paper_base_lib
 from transformer_jax import paper
-from transformer_jax.model import ModelConfig
+from transformer_jax.model_config import ModelConfig
 
 
 def _keep(value: Any) -> Any:

@@ -14,7 +14,7 @@ from absl import flags
 
 from transformer_jax import timing
 from transformer_jax.benchmarks import attention, data, decoding, presets, train_step
-from transformer_jax.model import ModelConfig
+from transformer_jax.model_config import ModelConfig
 
 REPO = Path(__file__).resolve().parents[1]
 MICRO = dict(vocab_size=37, d_model=12, d_ff=20, num_heads=3, num_encoder_layers=1, num_decoder_layers=1)

@@ -1,4 +1,4 @@
-"""Token-budget batches, iterator state, process shards (transformer_jax/data/batching.py)."""
+"""Token-budget batches, iterator state, process shards; evaluation batches (transformer_jax/data)."""
 
 import collections
 import json
@@ -16,6 +16,7 @@ from transformer_jax.data import (
     tokenize_pairs,
 )
 from transformer_jax.data.batching import bucket_batch_sizes, gather_padded
+from transformer_jax.data.eval_batches import extended_buckets
 from transformer_jax.special_ids import EOS_ID, PAD_ID
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -232,11 +233,22 @@ def test_eval_batches_keep_every_example_once_in_a_fixed_order(tok):
 def test_eval_never_truncates_examples_longer_than_the_buckets(tok):
     cfg = _config(max_len=16, length_buckets=(8, 16))
     batches = make_eval_batches(cfg, tok, "test")
-    longest = max(b.inputs.shape[1] for b in batches)
-    assert longest > 16  # an extra bucket at the longest length
+    longest = max(int(np.max(np.sum((b.inputs != 0) | (b.targets != 0), axis=1))) for b in batches)
+    assert longest > 16
+    assert {b.inputs.shape[1] for b in batches} <= set(extended_buckets((8, 16), longest))
+    assert max(b.inputs.shape[1] for b in batches) == longest
     assert sum(b.num_real for b in batches) == 103
     for b in batches:
         assert tok.decode_batch(b.targets[: b.num_real]) == b.target_texts
+        source_lengths = np.sum(b.inputs[: b.num_real] != 0, axis=1)
+        assert (np.diff(source_lengths) >= 0).all()  # sorted by source length within the bucket
+
+
+def test_extended_buckets_grow_by_a_quarter_in_multiples_of_8_up_to_the_longest():
+    assert extended_buckets((16, 24, 32, 48, 64), 153) == [16, 24, 32, 48, 64, 80, 104, 136, 153]
+    assert extended_buckets((8, 16), 16) == [8, 16]
+    assert extended_buckets((8, 16), 17) == [8, 16, 17]
+    assert extended_buckets((8, 16), 30) == [8, 16, 24, 30]
 
 
 # ----------------------------------------------------------------------------- real data

@@ -10,7 +10,8 @@ import pytest
 from transformer_jax import decode
 from transformer_jax import model as model_lib
 from transformer_jax.decode import NEG_INF
-from transformer_jax.model import ModelConfig, Transformer
+from transformer_jax.model import Transformer
+from transformer_jax.model_config import ModelConfig
 from transformer_jax.special_ids import EOS_ID, PAD_ID
 
 VOCAB, BATCH, SRC_LEN = 23, 5, 7

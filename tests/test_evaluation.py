@@ -13,13 +13,14 @@ from transformer_jax import data as data_lib
 from transformer_jax import decode, evaluation, restore, run_config, sharding, train_state
 from transformer_jax import model as model_lib
 from transformer_jax.checkpoint import Checkpointer
+from transformer_jax.model_config import ModelConfig
 from transformer_jax.special_ids import PAD_ID
 
 VOCAB = 23
 
 
 def _model_config():
-    return model_lib.ModelConfig(vocab_size=VOCAB, d_model=12, d_ff=20, num_heads=3, num_encoder_layers=1,
+    return ModelConfig(vocab_size=VOCAB, d_model=12, d_ff=20, num_heads=3, num_encoder_layers=1,
                                  num_decoder_layers=1, dropout_rate=0.0, max_len=32)
 
 
@@ -162,5 +163,7 @@ def test_evaluate_workdir_writes_translations_and_numbers(workdir):
     assert (written["split"], written["step"], written["beam_size"]) == ("dev", 3, 2)
     assert np.isfinite(written["ppl"]) and written["ppl"] > 1
     assert 0 <= written["sacrebleu"] <= 100 and "table" in results
+    assert written["decode_seconds"] > 0
+    assert written["sentences_per_second"] == pytest.approx(7 / written["decode_seconds"], rel=0.01)
     with pytest.raises(ValueError, match="reference_file"):
         evaluation.evaluate_workdir(path, source_file=txt)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from transformer_jax import model as model_lib
-from transformer_jax.model import ModelConfig, Transformer
+from transformer_jax.model import Transformer
+from transformer_jax.model_config import ModelConfig, param_count
 
 VOCAB, SRC_LEN, TGT_LEN, BATCH = 37, 7, 9, 3
 
@@ -52,7 +53,7 @@ def test_bfloat16_compute_keeps_float32_params_and_logits(tiny_params):
 def test_param_count_formula_matches_initialized_model(overrides):
     cfg = _tiny(**overrides)
     params = model_lib.init_params(cfg, rng=jax.random.key(1))
-    assert sum(p.size for p in jax.tree.leaves(params)) == model_lib.param_count(cfg)
+    assert sum(p.size for p in jax.tree.leaves(params)) == param_count(cfg)
 
 
 def test_base_param_count_by_hand():
@@ -63,7 +64,7 @@ def test_base_param_count_by_hand():
     decoder_layer = 2 * attention + ffn + 3 * (2 * d)
     expected = n * encoder_layer + n * decoder_layer + vocab * d
     assert expected == 63_045_632
-    assert model_lib.param_count(ModelConfig(vocab_size=vocab)) == expected
+    assert param_count(ModelConfig(vocab_size=vocab)) == expected
 
 
 @pytest.mark.parametrize("fields, message", [

@@ -13,7 +13,8 @@ from tiny import config_with
 
 from transformer_jax import decode, paper, parsing_eval, train_lib
 from transformer_jax.data import EvalBatch, default_data_config
-from transformer_jax.model import ModelConfig, Transformer
+from transformer_jax.model import Transformer
+from transformer_jax.model_config import ModelConfig
 from transformer_jax.special_ids import PAD_ID
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -7,7 +7,8 @@ import pytest
 from jax.sharding import PartitionSpec
 
 from transformer_jax import axes, sharding
-from transformer_jax.model import ModelConfig, Transformer
+from transformer_jax.model import Transformer
+from transformer_jax.model_config import ModelConfig
 
 RULES = (("batch", "data"), ("length", None), ("embed", None), ("heads", "model"), ("kv", None),
          ("mlp", "model"), ("vocab", "model"))

@@ -14,6 +14,7 @@ import pytest
 
 from transformer_jax import model as model_lib
 from transformer_jax import sharding, steps, train_lib, train_state
+from transformer_jax.model_config import ModelConfig
 from transformer_jax.special_ids import PAD_ID
 
 VOCAB, BATCH, SRC_LEN, TGT_LEN = 29, 6, 7, 5
@@ -68,7 +69,7 @@ def _tiny_model_config(**overrides):
     fields = dict(vocab_size=VOCAB, d_model=16, d_ff=24, num_heads=4, num_encoder_layers=1,
                   num_decoder_layers=2, dropout_rate=0.0, max_len=16)
     fields.update(overrides)
-    return model_lib.ModelConfig(**fields)
+    return ModelConfig(**fields)
 
 
 def _batch(seed=0, batch=BATCH):
@@ -175,9 +176,10 @@ SHARDED_SCRIPT = textwrap.dedent("""
     import json, sys
     import jax, numpy as np, optax
     jax.config.update("jax_default_matmul_precision", "highest")
-    from transformer_jax import model as model_lib, sharding, steps, train_state
+    from transformer_jax import sharding, steps, train_state
+    from transformer_jax.model_config import ModelConfig
     assert jax.device_count() == 8, jax.devices()
-    cfg = model_lib.ModelConfig(vocab_size=32, d_model=16, d_ff=24, num_heads=4, num_encoder_layers=1,
+    cfg = ModelConfig(vocab_size=32, d_model=16, d_ff=24, num_heads=4, num_encoder_layers=1,
                                 num_decoder_layers=1, dropout_rate=0.0, max_len=16)
     rng = np.random.default_rng(0)
     batch = {"inputs": rng.integers(1, 32, size=(8, 7)).astype(np.int32),

@@ -41,7 +41,8 @@ from transformer_jax.checkpoint_checks import (
     NonFiniteStateError,
     NoUsableCheckpointError,
 )
-from transformer_jax.errors import MissingFileError
+from transformer_jax.errors import MissingFileError, short_error
+from transformer_jax.sharding import with_default_sharding
 
 _log = logging.getLogger(__name__)
 
@@ -73,26 +74,6 @@ def _remove_tmp_dirs(directory: str) -> list[str]:
                 os.remove(path)
             removed.append(name)
     return removed
-
-
-def with_default_sharding(abstract_tree: Any) -> Any:
-    """Gives ``ShapeDtypeStruct`` leaves without a sharding the first local device (orbax would guess one)."""
-    default = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-
-    def fill(leaf):
-        if isinstance(leaf, jax.ShapeDtypeStruct) and getattr(leaf, "sharding", None) is None:
-            return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=default)
-        return leaf
-
-    return jax.tree.map(fill, abstract_tree)
-
-
-def short_error(error: BaseException, limit: int = 300) -> str:
-    """One line naming the exception type, for logs and error messages (tensorstore errors run to pages)."""
-    text = " ".join(str(error).split())
-    if len(text) > limit:
-        text = text[:limit] + "..."
-    return f"{type(error).__name__}: {text}"
 
 
 class Checkpointer:

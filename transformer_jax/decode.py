@@ -31,7 +31,8 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax import paper
-from transformer_jax.model import ModelConfig, Transformer, shift_right
+from transformer_jax.model import Transformer, shift_right
+from transformer_jax.model_config import ModelConfig
 from transformer_jax.special_ids import BOS_ID, EOS_ID, PAD_ID
 
 Array = jax.Array

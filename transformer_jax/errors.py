@@ -37,6 +37,14 @@ class MissingFileError(UserError, FileNotFoundError):
     """A file or directory the run needs does not exist; the message names it."""
 
 
+def short_error(error: BaseException, limit: int = 300) -> str:
+    """One line naming the exception type, for logs and error messages (tensorstore errors run to pages)."""
+    text = " ".join(str(error).split())
+    if len(text) > limit:
+        text = text[:limit] + "..."
+    return f"{type(error).__name__}: {text}"
+
+
 def show_tracebacks() -> bool:
     """True when ``TRANSFORMER_JAX_TRACEBACK`` is set to anything but "", "0" or "false"."""
     return os.environ.get(TRACEBACK_ENV, "").strip().lower() not in ("", "0", "false", "no")

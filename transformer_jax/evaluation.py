@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,7 @@ from transformer_jax.averaging import average_checkpoints
 from transformer_jax.checkpoint import Checkpointer
 from transformer_jax.data.sources import read_parallel_numbered
 from transformer_jax.errors import ConfigError
-from transformer_jax.model import ModelConfig
+from transformer_jax.model_config import ModelConfig
 from transformer_jax.restore import Restored, restore_workdir
 
 
@@ -86,15 +87,19 @@ def translate_and_score(params, model_config: ModelConfig, tokenizer, batches, *
     Returns:
       ``sacrebleu`` (13a, cased), ``tokenized_bleu`` (the paper's compound-split BLEU), ``multi30k_bleu``
       (the Multi30k literature's lowercased, normalized, Moses-tokenized BLEU), ``sacrebleu_signature``,
-      and the ``hypotheses``, ``references`` and ``sources`` in the split's line order.
+      ``decode_seconds`` (wall time of the search, compilation included) and the ``hypotheses``,
+      ``references`` and ``sources`` in the split's line order.
     """
+    start = time.perf_counter()
     hypotheses = translate(params, model_config, tokenizer, batches, beam_size=beam_size,
                            alpha=alpha, max_extra_len=max_extra_len)
+    decode_seconds = time.perf_counter() - start
     references, sources = references_and_sources(batches)
     scores = bleu.score_all(hypotheses, references, target_lang)
     return {"sacrebleu": scores["sacrebleu"].score, "sacrebleu_signature": scores["sacrebleu"].signature,
             "tokenized_bleu": scores["tokenized"].score, "multi30k_bleu": scores["multi30k"].score,
-            "hypotheses": hypotheses, "references": references, "sources": sources}
+            "decode_seconds": decode_seconds, "hypotheses": hypotheses, "references": references,
+            "sources": sources}
 
 
 def final_report(params, model_config: ModelConfig, tokenizer, data_config, *, split: str,
@@ -221,6 +226,8 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
         "ppl": ppl["ppl"], "nll": ppl["nll"], "sacrebleu": scores["sacrebleu"],
         "sacrebleu_signature": scores["sacrebleu_signature"],
         "tokenized_bleu": scores["tokenized_bleu"], "multi30k_bleu": scores["multi30k_bleu"],
+        "decode_seconds": round(scores["decode_seconds"], 2),
+        "sentences_per_second": round(len(scores["hypotheses"]) / scores["decode_seconds"], 2),
         "source_file": source_file, "reference_file": reference_file,
     }
     with open(txt_path, "w") as f:

@@ -18,7 +18,6 @@ by rules from the config (``sharding.py``). Arrays are documented as ``dtype[dim
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from typing import Any
@@ -30,121 +29,10 @@ import numpy as np
 
 from transformer_jax import attention, blockwise_attention
 from transformer_jax.axes import BATCH, EMBED, HEADS, KV, LENGTH, MLP, VOCAB
+from transformer_jax.model_config import ModelConfig
 from transformer_jax.special_ids import BOS_ID
 
 Array = jax.Array
-
-POSITION_ENCODINGS = ("sinusoidal", "learned")
-NORM_STYLES = ("post", "pre")
-ATTENTION_IMPLEMENTATIONS = ("dense", "blockwise")
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-MODE_FIELDS = ("deterministic", "decode")  # set by the code that runs the model, never by a config
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    """Hyperparameters of the Transformer: the one definition of a model. Frozen and validated when built.
-
-    The defaults are the paper's base model. A run config's ``config.model`` holds exactly the fields of
-    ``settable_defaults()``; the model is built as ``ModelConfig(vocab_size=v, **config.model)``.
-
-    Derive modes with ``dataclasses.replace(config, deterministic=True)`` (evaluation) or
-    ``decode=True`` (incremental decoding with a key/value cache).
-    """
-
-    vocab_size: int
-    d_model: int = 512
-    d_ff: int = 2048
-    num_heads: int = 8
-    d_k: int | None = None  # None: d_model // num_heads
-    d_v: int | None = None  # None: d_model // num_heads
-    num_encoder_layers: int = 6
-    num_decoder_layers: int = 6
-    dropout_rate: float = 0.1  # P_drop: sub-layer outputs and embedding + position sums
-    attention_dropout_rate: float = 0.0  # not in the paper; tensor2tensor used 0.0
-    max_len: int = 256  # longest position the position table covers
-    position_encoding: str = "sinusoidal"  # or "learned" (Table 3 row E)
-    norm_style: str = "post"  # "post" is the paper's LayerNorm(x + Sublayer(x))
-    attention_impl: str = "dense"  # or "blockwise": memory O(n) in length (FlashAttention-style)
-    attention_block_size: int = 512  # query/key block of the blockwise implementation
-    decode_cache_len: int | None = None  # decoder self-attention cache length; None: max_len
-    dtype: str = "float32"  # compute dtype; parameters are always float32
-    attention_witness: bool = False  # check every attention map at run time (debugging, slow)
-    deterministic: bool = False  # no dropout
-    decode: bool = False  # incremental decoding with a key/value cache
-
-    def __post_init__(self):
-        # Resolve the per-head sizes first so the rest of the code can rely on them.
-        if self.d_k is None:
-            object.__setattr__(self, "d_k", self._default_head_dim("d_k"))
-        if self.d_v is None:
-            object.__setattr__(self, "d_v", self._default_head_dim("d_v"))
-        for name in ("vocab_size", "d_model", "d_ff", "num_heads", "d_k", "d_v",
-                     "num_encoder_layers", "num_decoder_layers", "max_len", "attention_block_size"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.decode_cache_len is not None and not 0 < self.decode_cache_len <= self.max_len:
-            raise ValueError(
-                f"decode_cache_len must be in [1, max_len={self.max_len}], got {self.decode_cache_len}")
-        for name in ("dropout_rate", "attention_dropout_rate"):
-            value = getattr(self, name)
-            if not 0.0 <= value < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {value!r}")
-        for name, allowed in (("position_encoding", POSITION_ENCODINGS),
-                              ("norm_style", NORM_STYLES),
-                              ("attention_impl", ATTENTION_IMPLEMENTATIONS),
-                              ("dtype", tuple(DTYPES))):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if self.attention_impl == "blockwise" and (self.attention_witness
-                                                   or self.attention_dropout_rate > 0):
-            raise ValueError(
-                "attention_impl='blockwise' never forms the attention weights, so it supports neither "
-                f"attention_witness=True nor attention_dropout_rate > 0; got attention_witness="
-                f"{self.attention_witness}, attention_dropout_rate={self.attention_dropout_rate}")
-
-    def _default_head_dim(self, name: str) -> int:
-        if not isinstance(self.num_heads, int) or self.num_heads <= 0:
-            raise ValueError(f"num_heads must be a positive integer, got {self.num_heads!r}")
-        if self.d_model % self.num_heads:
-            raise ValueError(
-                f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
-                f"set {name} explicitly or change num_heads"
-            )
-        return self.d_model // self.num_heads
-
-    @property
-    def compute_dtype(self):
-        return DTYPES[self.dtype]
-
-    def replace(self, **changes) -> ModelConfig:
-        return dataclasses.replace(self, **changes)
-
-    @classmethod
-    def settable_defaults(cls) -> dict[str, Any]:
-        """The fields a run config sets (``config.model``), with their defaults: the paper's base model.
-
-        ``vocab_size`` comes from the tokenizer and the modes (``deterministic``, ``decode``) are set by
-        the code that runs the model, so neither belongs in a config file.
-        """
-        return {f.name: f.default for f in dataclasses.fields(cls)
-                if f.name not in ("vocab_size", *MODE_FIELDS)}
-
-
-def param_count(config: ModelConfig) -> int:
-    """The exact number of parameters of ``Transformer(config)``, by formula (no initialization)."""
-    d, h = config.d_model, config.num_heads
-    attention_params = d * h * config.d_k * 2 + d * h * config.d_v * 2  # W^Q, W^K, W^V, W^O
-    ffn_params = d * config.d_ff + config.d_ff + config.d_ff * d + d
-    layer_norm = 2 * d
-    encoder_layer = attention_params + ffn_params + 2 * layer_norm
-    decoder_layer = 2 * attention_params + ffn_params + 3 * layer_norm
-    embeddings = config.vocab_size * d  # shared by source, target and the output projection
-    positions = 2 * config.max_len * d if config.position_encoding == "learned" else 0
-    final_norms = 2 * layer_norm if config.norm_style == "pre" else 0
-    return (config.num_encoder_layers * encoder_layer + config.num_decoder_layers * decoder_layer
-            + embeddings + positions + final_norms)
 
 
 def shift_right(targets: Array, bos_id: int = BOS_ID) -> Array:

@@ -3,7 +3,7 @@
     python -m transformer_jax.params_table [--vocab_size=37000]
 
 A row's model is ``ModelConfig(vocab_size=v, **row.model)``: the paper's base model is ModelConfig's
-defaults, and ``paper.TABLE3`` rows override it. Counts come from ``model.param_count`` (no
+defaults, and ``paper.TABLE3`` rows override it. Counts come from ``model_config.param_count`` (no
 initialization). The paper rounds to millions and does not give its exact vocabulary, so the table also
 says which vocabulary each printed count implies.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 from absl import app, flags
 
 from transformer_jax import errors, paper
-from transformer_jax.model import ModelConfig, param_count
+from transformer_jax.model_config import ModelConfig, param_count
 
 
 def row_model_config(row: paper.Table3Row, vocab_size: int) -> ModelConfig:

@@ -27,7 +27,7 @@ import numpy as np
 
 from transformer_jax import data as data_lib
 from transformer_jax import decode, paper, parseval
-from transformer_jax.model import ModelConfig
+from transformer_jax.model_config import ModelConfig
 from transformer_jax.special_ids import PAD_ID
 
 # Upper bound on one decode call's key/value cache (the while loop keeps about two copies alive).

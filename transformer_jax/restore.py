@@ -27,7 +27,7 @@ from transformer_jax.checkpoint_checks import (
 )
 from transformer_jax.data.tokenizer import Tokenizer, tokenizer_file
 from transformer_jax.errors import MissingFileError
-from transformer_jax.model import ModelConfig
+from transformer_jax.model_config import ModelConfig
 from transformer_jax.run_config import model_config_from
 from transformer_jax.train_state import TrainState, abstract_train_state, make_optimizer
 

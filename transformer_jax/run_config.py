@@ -21,7 +21,7 @@ from transformer_jax import bleu, sharding
 from transformer_jax import data as data_lib
 from transformer_jax.data.sources import check_input_files
 from transformer_jax.errors import ConfigError
-from transformer_jax.model import ModelConfig
+from transformer_jax.model_config import ModelConfig
 
 # config.final_eval_split: the split decoded and scored after training; "" skips it.
 FINAL_EVAL_SPLITS = ("dev", "test", "")

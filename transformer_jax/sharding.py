@@ -7,6 +7,7 @@ devices and on many hosts (after ``jax.distributed.initialize()``).
 """
 
 import math
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -81,3 +82,15 @@ def global_batch(local_batch: dict, mesh: Mesh) -> dict:
     sharding = batch_sharding(mesh)
     return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
             for k, v in local_batch.items()}
+
+
+def with_default_sharding(abstract_tree: Any) -> Any:
+    """Gives ``ShapeDtypeStruct`` leaves without a sharding the first local device (orbax would guess one)."""
+    default = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+
+    def fill(leaf):
+        if isinstance(leaf, jax.ShapeDtypeStruct) and getattr(leaf, "sharding", None) is None:
+            return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=default)
+        return leaf
+
+    return jax.tree.map(fill, abstract_tree)

@@ -21,7 +21,8 @@ import numpy as np
 import optax
 
 from transformer_jax import axes, sharding
-from transformer_jax.model import ModelConfig, Transformer
+from transformer_jax.model import Transformer
+from transformer_jax.model_config import ModelConfig
 from transformer_jax.special_ids import PAD_ID
 from transformer_jax.train_state import TrainState
 

@@ -38,7 +38,7 @@ from transformer_jax.averaging import average_checkpoints
 from transformer_jax.checkpoint import Checkpointer
 from transformer_jax.checkpoint_checks import NonFiniteStateError
 from transformer_jax.metric_writer import MetricWriter
-from transformer_jax.model import ModelConfig
+from transformer_jax.model_config import ModelConfig
 from transformer_jax.preemption import Preempted, PreemptionGuard
 from transformer_jax.run_config import model_config_from, validate_config
 from transformer_jax.special_ids import PAD_ID

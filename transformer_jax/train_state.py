@@ -16,7 +16,8 @@ import optax
 from flax import struct
 
 from transformer_jax import sharding
-from transformer_jax.model import ModelConfig, Transformer
+from transformer_jax.model import Transformer
+from transformer_jax.model_config import ModelConfig
 
 
 @struct.dataclass

@@ -25,7 +25,8 @@ from absl import app, flags
 
 from transformer_jax import decode, errors, flops, host_memory, paper, timing
 from transformer_jax.benchmarks import presets
-from transformer_jax.model import ModelConfig, init_params
+from transformer_jax.model import init_params
+from transformer_jax.model_config import ModelConfig
 from transformer_jax.special_ids import PAD_ID
 
 SEARCHES = ("greedy", "beam")

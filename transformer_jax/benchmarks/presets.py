@@ -16,7 +16,7 @@ import dataclasses
 from typing import Any
 
 from transformer_jax import paper
-from transformer_jax.model import ModelConfig
+from transformer_jax.model_config import ModelConfig
 
 MODELS: dict[str, dict[str, Any]] = {
     "tiny": dict(vocab_size=8000, d_model=256, d_ff=1024, num_heads=4, num_encoder_layers=3,

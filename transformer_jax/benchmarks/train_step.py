@@ -24,7 +24,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from transformer_jax import errors, flops, host_memory, paper, sharding, steps, timing
 from transformer_jax.benchmarks import presets
-from transformer_jax.model import ModelConfig, init_params
+from transformer_jax.model import init_params
+from transformer_jax.model_config import ModelConfig
 from transformer_jax.special_ids import PAD_ID
 from transformer_jax.train_state import TrainState
 

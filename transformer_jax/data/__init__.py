@@ -10,14 +10,13 @@ gold trees aligned with `pairs(split)`, for `transformer_jax.parseval`.
 """
 
 from transformer_jax.data.batching import (
-    EvalBatch,
     TokenizedSplit,
     TrainIterator,
-    make_eval_batches,
     make_train_iterator,
     tokenize_pairs,
 )
 from transformer_jax.data.config import default_data_config, validate_data_config
+from transformer_jax.data.eval_batches import EvalBatch, make_eval_batches
 from transformer_jax.data.sources import (
     Source,
     TextSource,

@@ -40,9 +40,8 @@ from typing import Any
 import numpy as np
 
 from transformer_jax.data.config import validate_data_config
-from transformer_jax.data.sources import TextSource, get_source
+from transformer_jax.data.sources import get_source
 from transformer_jax.data.tokenizer import Tokenizer
-from transformer_jax.errors import ConfigError, DataError
 from transformer_jax.special_ids import EOS_ID, PAD_ID
 
 # Pairs are tokenized this many at a time (bounds the memory of lazily read TFDS splits).
@@ -93,7 +92,8 @@ def _select(ids: np.ndarray, offsets: np.ndarray, keep: np.ndarray):
     return ids[token_keep], new_offsets
 
 
-def _concat_with_eos(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+def concat_with_eos(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Token id lists -> (int32[total] ids each followed by EOS, int64[n + 1] start offsets)."""
     lengths = np.fromiter((len(s) + 1 for s in seqs), dtype=np.int64, count=len(seqs))
     offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
@@ -117,8 +117,8 @@ def tokenize_pairs(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer) -> To
         if len(keep) < len(src):
             num_empty += len(src) - len(keep)
             src, tgt = [src[i] for i in keep], [tgt[i] for i in keep]
-        src_parts.append(_concat_with_eos(src))
-        tgt_parts.append(_concat_with_eos(tgt))
+        src_parts.append(concat_with_eos(src))
+        tgt_parts.append(concat_with_eos(tgt))
     if num_empty:  # a warning, not info: train.py shows warnings
         logging.warning("Left out %d of %d pairs with no tokens on one side", num_empty, len(pairs))
     return TokenizedSplit(*_join(src_parts), *_join(tgt_parts), num_empty=num_empty)
@@ -352,107 +352,3 @@ def make_train_iterator(
         batch_multiple=batch_multiple,
         num_dropped=num_dropped,
     )
-
-
-# ----------------------------------------------------------------------------- evaluation
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalBatch:
-    """One padded evaluation batch; rows at and beyond `num_real` are all PAD.
-
-    Attributes:
-      inputs: int32[B, L]; targets: int32[B, L]
-      source_texts, target_texts: the num_real normalised texts of the real rows.
-      indices: int64[num_real], each row's position in the split.
-      num_real: number of real rows.
-    """
-
-    inputs: np.ndarray
-    targets: np.ndarray
-    source_texts: list[str]
-    target_texts: list[str]
-    indices: np.ndarray
-    num_real: int
-
-
-def _raise_too_long(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_length: int, split: str,
-                    locations: Sequence[str] | None) -> None:
-    """DataError naming the first example longer than `max_length` tokens, and how many are."""
-    too_long = np.flatnonzero(np.maximum(src_lengths, tgt_lengths) > max_length)
-    i = int(too_long[0])
-    where = locations[i] if locations is not None else f"{split} example {i + 1}"
-    side = "source" if src_lengths[i] > max_length else "reference"
-    length = int(max(src_lengths[i], tgt_lengths[i]))
-    raise DataError(
-        f"{where}: the {side} has {length} tokens (EOS included), more than the {max_length} this "
-        f"model can decode ({len(too_long)} such lines); shorten or split it, or decode with a smaller "
-        "max_extra_len")
-
-
-def make_eval_batches(
-    data_config: Any,
-    tokenizer: Tokenizer,
-    split: str,
-    *,
-    max_examples: int | None = None,
-    batch_multiple: int = 1,
-    pairs: Sequence[tuple[str, str]] | None = None,
-    max_length: int | None = None,
-    locations: Sequence[str] | None = None,
-) -> list[EvalBatch]:
-    """Every example of `split` (the first `max_examples`) exactly once, none truncated.
-
-    `pairs`, if given (e.g. from `read_parallel`), replaces the split's pairs; `split` is then
-    only a label.
-
-    `max_length`, if given, is the longest padded length the model can take (for decoding: its
-    max_len minus the output allowance). An example longer than that (either side, EOS included)
-    raises DataError naming it by `locations[i]` (e.g. "newstest2014.en:17") or its 1-based number.
-
-    Order: by bucket (shortest first), then by position in the split. Examples longer than the
-    largest bucket go to one extra bucket at the longest length. Batch sizes follow the train
-    rule (tokens_per_batch // L, down to a multiple of batch_multiple); the last batch of each
-    bucket is completed with PAD rows.
-    """
-    validate_data_config(data_config)
-    source = None
-    if pairs is None:
-        if split not in ("dev", "test", "train"):
-            raise ConfigError(f"split must be 'dev', 'test' or 'train', got {split!r}")
-        source = get_source(data_config)
-        pairs = source.pairs(split)
-    if max_examples is not None:
-        pairs = pairs[:max_examples]
-    pairs = list(pairs)
-    src_flat, src_offsets = _concat_with_eos(tokenizer.encode_batch([s for s, _ in pairs]))
-    tgt_flat, tgt_offsets = _concat_with_eos(tokenizer.encode_batch([t for _, t in pairs]))
-    lengths = np.maximum(np.diff(src_offsets), np.diff(tgt_offsets))
-    if max_length is not None and len(lengths) and lengths.max() > max_length:
-        if locations is None and isinstance(source, TextSource):  # name the file and line
-            path = source.paths(split)[0]
-            locations = [f"{path}:{line}" for line in source.line_numbers[split]]
-        _raise_too_long(np.diff(src_offsets), np.diff(tgt_offsets), max_length, split, locations)
-    buckets = list(data_config.length_buckets)
-    if len(lengths) and lengths.max() > buckets[-1]:
-        buckets.append(int(lengths.max()))
-    bucket_of = assign_buckets(lengths, buckets)
-    sizes = bucket_batch_sizes(buckets, data_config.tokens_per_batch, batch_multiple)
-    batches = []
-    for b, (length, size) in enumerate(zip(buckets, sizes, strict=True)):
-        members = np.flatnonzero(bucket_of == b)
-        for start in range(0, len(members), size):
-            real = members[start : start + size]
-            rows = np.full(size, -1, dtype=np.int64)
-            rows[: len(real)] = real
-            batches.append(
-                EvalBatch(
-                    inputs=gather_padded(src_flat, src_offsets, rows, length),
-                    targets=gather_padded(tgt_flat, tgt_offsets, rows, length),
-                    source_texts=[pairs[i][0] for i in real],
-                    target_texts=[pairs[i][1] for i in real],
-                    indices=real,
-                    num_real=len(real),
-                )
-            )
-    return batches

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax.inspect import artifacts
-from transformer_jax.model import ModelConfig, MultiHeadAttention
+from transformer_jax.model import MultiHeadAttention
+from transformer_jax.model_config import ModelConfig
 
 DEFAULT_LENGTHS = (32, 64, 128, 256, 512, 1024, 2048)
 

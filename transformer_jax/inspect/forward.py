@@ -17,7 +17,8 @@ import numpy as np
 
 from transformer_jax import data as data_lib
 from transformer_jax import decode, paper, restore
-from transformer_jax.model import ModelConfig, Transformer
+from transformer_jax.model import Transformer
+from transformer_jax.model_config import ModelConfig
 from transformer_jax.restore import Restored
 from transformer_jax.special_ids import BOS_ID, EOS_ID, PAD_ID
 

@@ -29,7 +29,7 @@ from transformer_jax.inspect import (
     positions,
     scaling,
 )
-from transformer_jax.model import ModelConfig
+from transformer_jax.model_config import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,135 @@
+"""Evaluation batches: every example of a split exactly once, none truncated, bucketed like training.
+
+Batch sizes follow the train rule of ``batching.py`` (``tokens_per_batch // L``, down to a multiple of
+``batch_multiple``), so evaluation compiles the same few shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from transformer_jax.data.batching import assign_buckets, bucket_batch_sizes, concat_with_eos, gather_padded
+from transformer_jax.data.config import validate_data_config
+from transformer_jax.data.sources import TextSource, get_source
+from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax.errors import ConfigError, DataError
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalBatch:
+    """One padded evaluation batch; rows at and beyond `num_real` are all PAD.
+
+    Attributes:
+      inputs: int32[B, L]; targets: int32[B, L]
+      source_texts, target_texts: the num_real normalised texts of the real rows.
+      indices: int64[num_real], each row's position in the split.
+      num_real: number of real rows.
+    """
+
+    inputs: np.ndarray
+    targets: np.ndarray
+    source_texts: list[str]
+    target_texts: list[str]
+    indices: np.ndarray
+    num_real: int
+
+
+def _raise_too_long(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_length: int, split: str,
+                    locations: Sequence[str] | None) -> None:
+    """DataError naming the first example longer than `max_length` tokens, and how many are."""
+    too_long = np.flatnonzero(np.maximum(src_lengths, tgt_lengths) > max_length)
+    i = int(too_long[0])
+    where = locations[i] if locations is not None else f"{split} example {i + 1}"
+    side = "source" if src_lengths[i] > max_length else "reference"
+    length = int(max(src_lengths[i], tgt_lengths[i]))
+    raise DataError(
+        f"{where}: the {side} has {length} tokens (EOS included), more than the {max_length} this "
+        f"model can decode ({len(too_long)} such lines); shorten or split it, or decode with a smaller "
+        "max_extra_len")
+
+
+def extended_buckets(length_buckets: Sequence[int], longest: int, growth: float = 1.25) -> list[int]:
+    """``length_buckets``, then buckets growing by ``growth`` (multiples of 8) until one holds ``longest``.
+
+    Evaluation never drops an example, so lengths beyond the training buckets need buckets too; a
+    single one at ``longest`` would pad every long sentence to the longest (newstest2014 through
+    the Multi30k model: 485 pairs over 64 tokens, the longest 153).
+    """
+    buckets = list(length_buckets)
+    while longest > buckets[-1]:
+        buckets.append(min(longest, 8 * math.ceil(buckets[-1] * growth / 8)))
+    return buckets
+
+
+def make_eval_batches(
+    data_config: Any,
+    tokenizer: Tokenizer,
+    split: str,
+    *,
+    max_examples: int | None = None,
+    batch_multiple: int = 1,
+    pairs: Sequence[tuple[str, str]] | None = None,
+    max_length: int | None = None,
+    locations: Sequence[str] | None = None,
+) -> list[EvalBatch]:
+    """Every example of `split` (the first `max_examples`) exactly once, none truncated.
+
+    `pairs`, if given (e.g. from `read_parallel`), replaces the split's pairs; `split` is then
+    only a label.
+
+    `max_length`, if given, is the longest padded length the model can take (for decoding: its
+    max_len minus the output allowance). An example longer than that (either side, EOS included)
+    raises DataError naming it by `locations[i]` (e.g. "newstest2014.en:17") or its 1-based number.
+
+    Order: by bucket (shortest first), then by source length, then by position in the split, so that
+    a batch's sources (and so its outputs) are of similar length and decoding stops early. Examples
+    longer than the largest bucket go to the buckets of ``extended_buckets``. Batch sizes follow the
+    train rule (tokens_per_batch // L, down to a multiple of batch_multiple); the last batch of each
+    bucket is completed with PAD rows.
+    """
+    validate_data_config(data_config)
+    source = None
+    if pairs is None:
+        if split not in ("dev", "test", "train"):
+            raise ConfigError(f"split must be 'dev', 'test' or 'train', got {split!r}")
+        source = get_source(data_config)
+        pairs = source.pairs(split)
+    if max_examples is not None:
+        pairs = pairs[:max_examples]
+    pairs = list(pairs)
+    src_flat, src_offsets = concat_with_eos(tokenizer.encode_batch([s for s, _ in pairs]))
+    tgt_flat, tgt_offsets = concat_with_eos(tokenizer.encode_batch([t for _, t in pairs]))
+    lengths = np.maximum(np.diff(src_offsets), np.diff(tgt_offsets))
+    if max_length is not None and len(lengths) and lengths.max() > max_length:
+        if locations is None and isinstance(source, TextSource):  # name the file and line
+            path = source.paths(split)[0]
+            locations = [f"{path}:{line}" for line in source.line_numbers[split]]
+        _raise_too_long(np.diff(src_offsets), np.diff(tgt_offsets), max_length, split, locations)
+    buckets = extended_buckets(data_config.length_buckets, int(lengths.max()) if len(lengths) else 0)
+    bucket_of = assign_buckets(lengths, buckets)
+    sizes = bucket_batch_sizes(buckets, data_config.tokens_per_batch, batch_multiple)
+    src_lengths = np.diff(src_offsets)
+    batches = []
+    for b, (length, size) in enumerate(zip(buckets, sizes, strict=True)):
+        members = np.flatnonzero(bucket_of == b)
+        members = members[np.argsort(src_lengths[members], kind="stable")]
+        for start in range(0, len(members), size):
+            real = members[start : start + size]
+            rows = np.full(size, -1, dtype=np.int64)
+            rows[: len(real)] = real
+            batches.append(
+                EvalBatch(
+                    inputs=gather_padded(src_flat, src_offsets, rows, length),
+                    targets=gather_padded(tgt_flat, tgt_offsets, rows, length),
+                    source_texts=[pairs[i][0] for i in real],
+                    target_texts=[pairs[i][1] for i in real],
+                    indices=real,
+                    num_real=len(real),
+                )
+            )
+    return batches
