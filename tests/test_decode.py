@@ -133,33 +133,6 @@ def test_beam_search_with_cache_equals_beam_search_without(tiny):
     np.testing.assert_allclose(cached[1], expected, atol=1e-5)
 
 
-def test_cache_lengths_double_from_the_first_and_end_at_max_len():
-    assert decode.cache_lengths(10) == [10]
-    assert decode.cache_lengths(16) == [16]
-    assert decode.cache_lengths(17) == [17]  # within 1.25x of 16: stretched, no second phase
-    assert decode.cache_lengths(27) == [16, 27]
-    assert decode.cache_lengths(66) == [16, 32, 66]
-    assert decode.cache_lengths(203) == [16, 32, 64, 128, 203]
-
-
-@pytest.mark.parametrize("search", ["greedy", "beam"])
-def test_searches_across_cache_growth_equal_the_uncached_ones(search):
-    cfg = _tiny(max_len=40)
-    params = model_lib.init_params(cfg, rng=jax.random.key(1))
-    inputs = _sources(6)
-    extra = 20  # max_len 27: the cache grows from 16 to 27 positions mid-search
-    assert decode.cache_lengths(SRC_LEN + extra) == [16, 27]
-    kwargs = dict(max_extra_len=extra, min_len=18, return_num_steps=True)  # outputs cross position 16
-    if search == "greedy":
-        (cached, steps), (uncached, _) = (decode.greedy_search(params, cfg, inputs, use_cache=c, **kwargs)
-                                          for c in (True, False))
-    else:
-        (cached, _, steps), (uncached, _, _) = (decode.beam_search(params, cfg, inputs, use_cache=c, **kwargs)
-                                                for c in (True, False))
-    assert int(steps) > 16
-    np.testing.assert_array_equal(cached, uncached)
-
-
 def test_beam_size_one_equals_greedy(tiny):
     cfg, params = tiny
     inputs = _sources(6)

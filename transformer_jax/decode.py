@@ -2,11 +2,9 @@
 
 The paper decodes with "beam search with a beam size of 4 and length penalty alpha = 0.6", setting "the
 maximum output length during inference to input length + 50, but terminate early when possible".
-This module does exactly that, batched and compiled: a few ``jax.lax.while_loop`` phases whose body runs
-the decoder for a single position against the cache (``config.decode=True``), stopping as soon as every
-example is finished. The self-attention cache starts short and doubles between phases
-(:func:`cache_lengths`), so a step attends to, and beam search reorders, about the positions written so far
-rather than all ``max_len``.
+This module does exactly that, batched and compiled: one ``jax.lax.while_loop`` per call whose body runs
+the decoder for a single position against the cache (``config.decode=True``), and which stops as soon as
+every example is finished.
 
 Shapes: ``batch`` examples, ``src_len`` padded source length, ``max_len`` the static output buffer
 (default ``src_len + max_extra_len``), ``beam_size`` beams per example, ``vocab`` the shared vocabulary.
@@ -43,27 +41,6 @@ _INVALID = 0.5 * NEG_INF  # log probabilities below this belong to impossible hy
 
 # Cache leaves that beams of one example share: the encoder keys/values of cross-attention.
 _SHARED_CACHE_LEAVES = ("encoded_key", "encoded_value")
-# The decoder self-attention cache: float[rows, cache_len, heads, d_k | d_v].
-_SELF_ATTENTION_CACHE_LEAVES = ("cached_key", "cached_value")
-FIRST_CACHE_LEN = 16  # the self-attention cache starts this long and doubles (see cache_lengths)
-
-
-def cache_lengths(max_len: int, first: int = FIRST_CACHE_LEN) -> list[int]:
-    """The self-attention cache length of each phase of a search: first, 2 * first, ..., max_len.
-
-    A step attends to (and beam search reorders) the whole cache, written or not, so a search runs
-    while t < first on a cache of ``first`` positions, then grows it (zeros appended) and goes on. Each
-    phase compiles its own loop body; the last one ends at ``max_len``, stretched to it when less than
-    1.25x away instead of adding a phase.
-    """
-    lengths = []
-    length = first
-    while length < max_len:
-        lengths.append(length)
-        length *= 2
-    if lengths and max_len < 1.25 * lengths[-1]:
-        lengths.pop()
-    return lengths + [max_len]
 
 
 def length_penalty(length: Array | int, alpha: Array | float) -> Array:
@@ -175,16 +152,12 @@ class _Stepper(NamedTuple):
 
     ``step(state, seqs int32[n, max_len], t) -> (float32[n, vocab] logits, state)``: ``seqs`` holds the
     tokens output before position t. ``state`` is the cache (or ``()`` uncached); ``reorder(state,
-    rows int32[n])`` makes row i continue from row ``rows[i]`` (beam selection). ``phases`` are the
-    cache lengths of ``cache_lengths`` (``[max_len]`` uncached) and ``grow(state, length)`` extends the
-    cache to one of them.
+    rows int32[n])`` makes row i continue from row ``rows[i]`` (beam selection).
     """
 
     state: Any
     step: Any
     reorder: Any
-    phases: list[int]
-    grow: Any
 
 
 def _make_stepper(params: Any, model_config: ModelConfig, inputs: Array, max_len: int,
@@ -197,11 +170,10 @@ def _make_stepper(params: Any, model_config: ModelConfig, inputs: Array, max_len
     if not use_cache:
         encoded, inputs = (jnp.repeat(x, beams, axis=0) for x in (encoded, inputs))  # [B*K, ...]
         step = lambda state, seqs, t: (_full_step(params, model_config, encoded, inputs, seqs, t), state)
-        return _Stepper((), step, lambda state, rows: state, [max_len], lambda state, length: state)
+        return _Stepper((), step, lambda state, rows: state)
 
     # Project the encoder keys/values once per example, then copy the cache to every beam.
-    phases = cache_lengths(max_len)
-    cache = init_cache(model_config, params, encoded, inputs, phases[0])
+    cache = init_cache(model_config, params, encoded, inputs, max_len)
     cache = jax.tree.map(lambda x: jnp.repeat(x, beams, axis=0) if x.ndim else x, cache)
     encoded, inputs = (jnp.repeat(x, beams, axis=0) for x in (encoded, inputs))  # [B*K, ...]
 
@@ -218,14 +190,7 @@ def _make_stepper(params: Any, model_config: ModelConfig, inputs: Array, max_len
             return jnp.take(x, rows, axis=0, mode="clip")
         return jax.tree_util.tree_map_with_path(take, cache)
 
-    def grow(cache, length):
-        def pad(path, x):
-            if getattr(path[-1], "key", None) not in _SELF_ATTENTION_CACHE_LEAVES:
-                return x
-            return jnp.pad(x, ((0, 0), (0, length - x.shape[1]), (0, 0), (0, 0)))
-        return jax.tree_util.tree_map_with_path(pad, cache)
-
-    return _Stepper(cache, step, reorder, phases, grow)
+    return _Stepper(cache, step, reorder)
 
 
 def _ban_tokens(scores: Array, t: Array, min_len: Array | int) -> Array:
@@ -271,13 +236,10 @@ def _greedy_search(params, inputs, max_extra_len, min_len, *, model_config, max_
         finished = finished | (next_token == EOS_ID) | (t + 1 >= limits)
         return t + 1, tokens, state, finished
 
-    t, tokens, state, finished = (jnp.zeros((), jnp.int32), jnp.full((batch, max_len), PAD_ID, jnp.int32),
-                                  stepper.state, jnp.zeros((batch,), bool))
-    for cache_len in stepper.phases:  # t < cache_len in each phase
-        carry = (t, tokens, stepper.grow(state, cache_len), finished)
-        t, tokens, state, finished = jax.lax.while_loop(
-            lambda c, end=cache_len: not_done(c) & (c[0] < end), body, carry)
-    return tokens, t
+    carry = (jnp.zeros((), jnp.int32), jnp.full((batch, max_len), PAD_ID, jnp.int32), stepper.state,
+             jnp.zeros((batch,), bool))
+    num_steps, tokens, _, _ = jax.lax.while_loop(not_done, body, carry)
+    return tokens, num_steps
 
 
 def greedy_search(params: Any, model_config: ModelConfig, inputs: Array, *, max_len: int | None = None,
@@ -416,9 +378,7 @@ def _beam_search(params, inputs, alpha, max_extra_len, min_len, *, model_config,
     step = functools.partial(_beam_step, stepper=stepper, beam_size=beam_size, alpha=alpha,
                              min_len=min_len, limits=limits)
     not_done = lambda s: (s.t < max_len) & ~jnp.all(_beam_search_done(s, alpha=alpha, limits=limits))
-    for cache_len in stepper.phases:  # t < cache_len in each phase
-        state = jax.lax.while_loop(lambda s, end=cache_len: not_done(s) & (s.t < end), step,
-                                   state._replace(model_state=stepper.grow(state.model_state, cache_len)))
+    state = jax.lax.while_loop(not_done, step, state)
     # Every example finishes by its limit (<= max_len), where all of its candidates end.
     return state.finished_seqs, state.finished_scores, state.t
 
