@@ -225,6 +225,9 @@ def test_eval_batches_keep_every_example_once_in_a_fixed_order(tok):
         assert b.source_texts == [pairs[i][0] for i in b.indices]
         assert tok.decode_batch(b.inputs[: b.num_real]) == b.source_texts
         assert tok.decode_batch(b.targets[: b.num_real]) == b.target_texts
+    assert all(b.num_real == b.inputs.shape[0] for b in batches[:-1])  # only the last batch has PAD rows
+    lengths = [int(np.max(np.sum((b.inputs != 0) | (b.targets != 0), axis=1))) for b in batches]
+    assert all(length <= b.inputs.shape[1] for length, b in zip(lengths, batches, strict=True))
     assert sum(b.num_real for b in make_eval_batches(cfg, tok, "test", max_examples=17)) == 17
     given = make_eval_batches(cfg, tok, "files", pairs=pairs[:7])
     assert sorted(t for b in given for t in b.target_texts) == sorted(t for _, t in pairs[:7])
@@ -240,8 +243,12 @@ def test_eval_never_truncates_examples_longer_than_the_buckets(tok):
     assert sum(b.num_real for b in batches) == 103
     for b in batches:
         assert tok.decode_batch(b.targets[: b.num_real]) == b.target_texts
-        source_lengths = np.sum(b.inputs[: b.num_real] != 0, axis=1)
-        assert (np.diff(source_lengths) >= 0).all()  # sorted by source length within the bucket
+    buckets = extended_buckets((8, 16), longest)
+    for b in batches:  # a bucket's own rows (not those moved up from shorter buckets) by source length
+        shorter = max([0] + [length for length in buckets if length < b.inputs.shape[1]])
+        rows = slice(0, b.num_real)
+        own = np.sum((b.inputs[rows] != 0) | (b.targets[rows] != 0), axis=1) > shorter
+        assert (np.diff(np.sum(b.inputs[rows] != 0, axis=1)[own]) >= 0).all()
 
 
 def test_extended_buckets_grow_by_a_quarter_in_multiples_of_8_up_to_the_longest():

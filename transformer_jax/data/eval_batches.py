@@ -89,8 +89,9 @@ def make_eval_batches(
     Order: by bucket (shortest first), then by source length, then by position in the split, so that
     a batch's sources (and so its outputs) are of similar length and decoding stops early. Examples
     longer than the largest bucket go to the buckets of ``extended_buckets``. Batch sizes follow the
-    train rule (tokens_per_batch // L, down to a multiple of batch_multiple); the last batch of each
-    bucket is completed with PAD rows.
+    train rule (tokens_per_batch // L, down to a multiple of batch_multiple). The examples a bucket
+    cannot fill a batch with move up to the next bucket (padded longer), so that only the very last
+    batch is completed with PAD rows: a decoding step costs the same for a PAD row as for a real one.
     """
     validate_data_config(data_config)
     source = None
@@ -115,11 +116,14 @@ def make_eval_batches(
     sizes = bucket_batch_sizes(buckets, data_config.tokens_per_batch, batch_multiple)
     src_lengths = np.diff(src_offsets)
     batches = []
+    carried = np.zeros(0, np.int64)  # the previous buckets' leftovers: too few for a batch of their own
     for b, (length, size) in enumerate(zip(buckets, sizes, strict=True)):
         members = np.flatnonzero(bucket_of == b)
-        members = members[np.argsort(src_lengths[members], kind="stable")]
-        for start in range(0, len(members), size):
-            real = members[start : start + size]
+        members = np.concatenate([carried, members[np.argsort(src_lengths[members], kind="stable")]])
+        last = b == len(buckets) - 1
+        full = len(members) if last else len(members) - len(members) % size
+        for start in range(0, full, size):
+            real = members[start : min(start + size, full)]
             rows = np.full(size, -1, dtype=np.int64)
             rows[: len(real)] = real
             batches.append(
@@ -132,4 +136,5 @@ def make_eval_batches(
                     num_real=len(real),
                 )
             )
+        carried = members[full:]
     return batches
