@@ -105,16 +105,16 @@ def make_eval_batches(
     pairs = list(pairs)
     src_flat, src_offsets = concat_with_eos(tokenizer.encode_batch([s for s, _ in pairs]))
     tgt_flat, tgt_offsets = concat_with_eos(tokenizer.encode_batch([t for _, t in pairs]))
-    lengths = np.maximum(np.diff(src_offsets), np.diff(tgt_offsets))
+    src_lengths, tgt_lengths = np.diff(src_offsets), np.diff(tgt_offsets)
+    lengths = np.maximum(src_lengths, tgt_lengths)
     if max_length is not None and len(lengths) and lengths.max() > max_length:
         if locations is None and isinstance(source, TextSource):  # name the file and line
             path = source.paths(split)[0]
             locations = [f"{path}:{line}" for line in source.line_numbers[split]]
-        _raise_too_long(np.diff(src_offsets), np.diff(tgt_offsets), max_length, split, locations)
+        _raise_too_long(src_lengths, tgt_lengths, max_length, split, locations)
     buckets = extended_buckets(data_config.length_buckets, int(lengths.max()) if len(lengths) else 0)
     bucket_of = assign_buckets(lengths, buckets)
     sizes = bucket_batch_sizes(buckets, data_config.tokens_per_batch, batch_multiple)
-    src_lengths = np.diff(src_offsets)
     batches = []
     carried = np.zeros(0, np.int64)  # the previous buckets' leftovers: too few for a batch of their own
     for b, (length, size) in enumerate(zip(buckets, sizes, strict=True)):
