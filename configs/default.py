@@ -60,6 +60,8 @@ def get_config() -> ml_collections.ConfigDict:
     # Multiplies d_model^-0.5 * min(step^-0.5, step * warmup^-1.5): 0.5 peaks at 2.2e-3 here; at 2.0
     # this post-norm model stalls at ~33% token accuracy.
     config.train.learning_rate_scale = 0.5
+    # > 0: the last cooldown_steps updates also ramp the rate linearly down to 0 (not in the paper).
+    config.train.cooldown_steps = 0
     config.train.adam_b1 = paper.ADAM["b1"]  # 0.9
     config.train.adam_b2 = paper.ADAM["b2"]  # 0.98
     config.train.adam_eps = paper.ADAM["eps"]  # 1e-9

@@ -38,6 +38,7 @@ def test_default_config_is_valid():
     ("train.adam_b2", 1.0, r"config\.train\.adam_b2=1\.0: expected .*\[0, 1\)"),
     ("train.adam_eps", 0.0, r"config\.train\.adam_eps=0\.0"),
     ("train.max_grad_norm", -1.0, r"config\.train\.max_grad_norm=-1\.0"),
+    ("train.cooldown_steps", 5000, r"config\.train\.cooldown_steps=5000: expected at most train\.num_steps"),
     ("eval_bleu_examples", -3, r"config\.eval_bleu_examples=-3: expected an integer >= 0"),
     ("checkpoint_keep", 0, r"config\.checkpoint_keep=0: expected an integer >= 1"),
     ("checkpoint_every_minutes", -1.0, r"config\.checkpoint_every_minutes=-1\.0"),

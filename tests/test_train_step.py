@@ -8,6 +8,7 @@ import textwrap
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 import pytest
@@ -63,6 +64,27 @@ def test_learning_rate_schedule_is_the_papers_formula():
         expected = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
         np.testing.assert_allclose(schedule(step - 1), expected, rtol=1e-5)
     assert float(schedule(3999)) > float(schedule(3998)) and float(schedule(4001)) < float(schedule(4000))
+
+
+def test_cooldown_ramps_the_last_steps_linearly_to_zero():
+    d_model, warmup, num_steps, cooldown = 128, 100, 1000, 200
+    paper = train_state.learning_rate_schedule(d_model, warmup)
+    schedule = train_state.learning_rate_schedule(d_model, warmup, num_steps=num_steps,
+                                                  cooldown_steps=cooldown)
+    for count in (0, 99, 500, 799, 800):  # before the cooldown (count = updates already taken)
+        np.testing.assert_allclose(schedule(count), paper(count), rtol=1e-6)
+    # Update k of the cooldown (count = 800 + k) runs at (200 - k) / 200 of the paper's rate.
+    for count, fraction in ((850, 150 / 200), (900, 0.5), (999, 1 / 200), (1000, 0.0), (1200, 0.0)):
+        np.testing.assert_allclose(schedule(count), fraction * paper(count), rtol=1e-5, atol=1e-12)
+
+
+def test_schedule_of_a_config_saved_before_cooldown_existed_is_the_papers():
+    config = ml_collections.ConfigDict({"train": {"warmup_steps": 100, "learning_rate_scale": 2.0,
+                                                  "num_steps": 1000}})
+    schedule = train_state.schedule_from_config(config, 128)
+    paper = train_state.learning_rate_schedule(128, 100, 2.0)
+    for count in (0, 500, 999):
+        np.testing.assert_allclose(schedule(count), paper(count), rtol=1e-6)
 
 
 def _tiny_model_config(**overrides):

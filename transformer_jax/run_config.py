@@ -86,6 +86,10 @@ def splits_read(config: ml_collections.ConfigDict) -> tuple[str, ...]:
 def _check_train(config: ml_collections.ConfigDict) -> None:
     for name in ("num_steps", "warmup_steps", "grad_accum_steps"):
         _check_int(config, f"train.{name}", 1)
+    _check_int(config, "train.cooldown_steps", 0, "0 keeps the inverse square root to the end")
+    if config.train.cooldown_steps > config.train.num_steps:
+        raise _bad("train.cooldown_steps", config.train.cooldown_steps,
+                   f"at most train.num_steps ({config.train.num_steps})")
     _check_number(config, "train.learning_rate_scale", 0.0, low_open=True,
                   hint="it multiplies the warmup / inverse-square-root schedule; a negative scale "
                        "climbs the loss and 0 never moves")

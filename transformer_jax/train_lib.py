@@ -46,8 +46,8 @@ from transformer_jax.train_state import (
     TrainState,
     abstract_state,
     create_train_state,
-    learning_rate_schedule,
     make_optimizer,
+    schedule_from_config,
 )
 from transformer_jax.workdir_lock import WorkdirLock
 
@@ -105,8 +105,7 @@ def setup(config: ml_collections.ConfigDict,
     train_step = steps.make_train_step(
         model_config, tx, mesh, rules, state_sharding, label_smoothing=config.train.label_smoothing,
         grad_accum_steps=config.train.grad_accum_steps)
-    schedule = learning_rate_schedule(model_config.d_model, config.train.warmup_steps,
-                                      config.train.learning_rate_scale)
+    schedule = schedule_from_config(config, model_config.d_model)
     trainer = Trainer(config, workdir, mesh, rules, tokenizer, model_config, tx, schedule,
                       state_sharding, train_step, _peak_flops(config))
     return trainer, state, train_iter

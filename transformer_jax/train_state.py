@@ -30,20 +30,40 @@ class TrainState:
     rng: jax.Array  # uint32[2]; dropout uses fold_in(rng, step)
 
 
-def learning_rate_schedule(d_model: int, warmup_steps: int, scale: float = 1.0):
-    """lrate = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (equation 3), step from 1."""
+def learning_rate_schedule(d_model: int, warmup_steps: int, scale: float = 1.0, *, num_steps: int = 0,
+                           cooldown_steps: int = 0):
+    """lrate = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (equation 3), step from 1.
+
+    With ``cooldown_steps`` > 0 the last ``cooldown_steps`` of ``num_steps`` updates also multiply it by
+    a linear ramp from 1 down to 0 (reached after update ``num_steps``), which a fixed budget favours.
+    The schedule takes ``count``, the number of updates already taken.
+    """
 
     def schedule(count):
         step = jnp.asarray(count, jnp.float32) + 1.0
-        return scale * d_model**-0.5 * jnp.minimum(step**-0.5, step * warmup_steps**-1.5)
+        rate = scale * d_model**-0.5 * jnp.minimum(step**-0.5, step * warmup_steps**-1.5)
+        if cooldown_steps:
+            remaining = num_steps - jnp.asarray(count, jnp.float32)
+            rate = rate * jnp.clip(remaining / cooldown_steps, 0.0, 1.0)
+        return rate
 
     return schedule
+
+
+def schedule_from_config(config: ml_collections.ConfigDict, d_model: int):
+    """``learning_rate_schedule`` with the fields of ``config.train``.
+
+    Configs saved in checkpoints before ``train.cooldown_steps`` existed have no cooldown.
+    """
+    t = config.train
+    return learning_rate_schedule(d_model, t.warmup_steps, t.learning_rate_scale,
+                                  num_steps=t.num_steps, cooldown_steps=t.get("cooldown_steps", 0))
 
 
 def make_optimizer(config: ml_collections.ConfigDict, d_model: int) -> optax.GradientTransformation:
     """Adam with the paper's betas, epsilon and schedule; optional global-norm clipping."""
     t = config.train
-    schedule = learning_rate_schedule(d_model, t.warmup_steps, t.learning_rate_scale)
+    schedule = schedule_from_config(config, d_model)
     adam = optax.adam(schedule, b1=t.adam_b1, b2=t.adam_b2, eps=t.adam_eps)
     if t.max_grad_norm > 0:
         return optax.chain(optax.clip_by_global_norm(t.max_grad_norm), adam)
