@@ -13,7 +13,8 @@ import pytest
 from absl import flags
 
 from transformer_jax import timing
-from transformer_jax.benchmarks import attention, data, decoding, presets, train_step
+from transformer_jax.benchmarks import attention, data, decoding, presets, profile, train_step
+from transformer_jax.errors import MissingFileError
 from transformer_jax.model_config import ModelConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,7 +56,7 @@ def test_peak_is_the_best_run_and_reports_the_median_too():
     assert fields["mfu"] == 0.25 and fields["peak_best_gflops"] == 6.0 and fields["peak_median_gflops"] == 2.0
 
 
-@pytest.mark.parametrize("module", [train_step, decoding, attention, data])
+@pytest.mark.parametrize("module", [train_step, decoding, attention, data, profile])
 def test_every_flag_has_a_helpful_description(module):
     values = flags.FlagValues()
     module.define_flags(values)
@@ -92,3 +93,32 @@ def test_attention_memory_run(capsys):
         ("dense", 16), ("blockwise", 16), ("dense", 32), ("blockwise", 32)]
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert lines[-1]["summary"] == "peak_memory_ratio" and lines[-1]["length"] == 32
+
+
+def test_profile_summary_counts_nested_ops_once():
+    # A while loop (0-100 ns) runs two fusions (10-40, 50-70); a copy (120-130) runs after it. Another
+    # thread runs a fusion at the same time as the loop: its own line, not nested in the loop.
+    events = [profile.OpEvent("while.3", "t0", 0, 100), profile.OpEvent("fusion.1", "t0", 10, 40),
+              profile.OpEvent("fusion.2", "t0", 50, 70), profile.OpEvent("copy.7", "t0", 120, 130),
+              profile.OpEvent("fusion.9", "t1", 20, 60)]
+    rows = {r["op"]: r for r in profile.summarize(events)}
+    assert {op: (r["calls"], round(r["exclusive_ms"] * 1e6)) for op, r in rows.items()} == {
+        "while": (1, 50), "fusion": (3, 90), "copy": (1, 10)}
+    assert rows["fusion"]["share"] == pytest.approx(90 / 150, abs=1e-4)
+    assert [r["op"] for r in profile.summarize(events)] == ["fusion", "while", "copy"]
+
+
+def test_profile_of_a_traced_decode(tmp_path):
+    preset = presets.DecodePreset(MICRO, batch=2, src_len=5, new_tokens=4)
+    record = profile.profile_decode("micro", preset, "greedy", beam_size=1, repeats=1,
+                                    trace_dir=str(tmp_path))
+    ops = {r["op"]: r for r in record["ops"]}
+    assert "while" in ops and ops["while"]["calls"] >= 1  # the decoding loop ran and was traced
+    assert sum(r["share"] for r in record["ops"]) == pytest.approx(1.0, abs=1e-3)
+    assert 0 < record["op_ms_per_step"] <= record["traced_wall_ms_per_step"]
+    assert record["ops_per_step"] > 1
+
+
+def test_profile_of_a_folder_without_a_trace_says_so(tmp_path):
+    with pytest.raises(MissingFileError, match="no \\*.xplane.pb under"):
+        profile.read_op_events(str(tmp_path))

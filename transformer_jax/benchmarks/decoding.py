@@ -32,7 +32,7 @@ from transformer_jax.special_ids import PAD_ID
 SEARCHES = ("greedy", "beam")
 
 
-def _search(kind: str, params, cfg: ModelConfig, *, beam_size: int, new_tokens: int, use_cache: bool):
+def make_search(kind: str, params, cfg: ModelConfig, *, beam_size: int, new_tokens: int, use_cache: bool):
     """``fn(inputs int32[batch, src_len], max_extra_len) -> int32[batch, new_tokens]`` output tokens."""
     if kind == "greedy":
         return lambda src, max_extra_len: decode.greedy_search(
@@ -56,22 +56,28 @@ def time_search(search, inputs: np.ndarray, new_tokens: int, repeats: int) -> tu
     return compile_seconds, timing.time_calls(lambda: search(inputs, new_tokens), repeats)
 
 
-def bench_decode(name: str, preset: presets.DecodePreset, peak: timing.Peak | None, *, kind: str,
-                 new_tokens: list[int], beam_size: int = paper.BEAM_SIZE, use_cache: bool = True,
-                 repeats: int) -> list[dict]:
-    """Times one search of one preset at each output length; returns one record per length."""
+def model_and_inputs(preset: presets.DecodePreset, new_tokens: int):
+    """(ModelConfig, random parameters, int32[batch, src_len] random sources) of a decoding preset."""
     cfg = presets.model_config(preset.model, deterministic=True)
-    longest = max([preset.src_len, *new_tokens])
+    longest = max(preset.src_len, new_tokens)
     if longest > cfg.max_len:  # the position table must cover the sources and the outputs
         cfg = cfg.replace(max_len=longest)
     params = init_params(cfg, rng=jax.random.key(0))
     # Sources no longer than the output, so the output buffer is every example's length limit.
     inputs = np.random.default_rng(0).integers(
         PAD_ID + 4, cfg.vocab_size, size=(preset.batch, preset.src_len)).astype(np.int32)
+    return cfg, params, inputs
+
+
+def bench_decode(name: str, preset: presets.DecodePreset, peak: timing.Peak | None, *, kind: str,
+                 new_tokens: list[int], beam_size: int = paper.BEAM_SIZE, use_cache: bool = True,
+                 repeats: int) -> list[dict]:
+    """Times one search of one preset at each output length; returns one record per length."""
+    cfg, params, inputs = model_and_inputs(preset, max(new_tokens))
     beams = beam_size if kind == "beam" else 1
     records = []
     for n in new_tokens:
-        search = _search(kind, params, cfg, beam_size=beam_size, new_tokens=n, use_cache=use_cache)
+        search = make_search(kind, params, cfg, beam_size=beam_size, new_tokens=n, use_cache=use_cache)
         compile_s, times = time_search(search, inputs, n, repeats)
         seconds = statistics.median(times)
         record = dict(preset=name, measured=f"decode_{'greedy' if beams == 1 else f'beam{beams}'}_"
