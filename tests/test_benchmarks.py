@@ -117,6 +117,9 @@ def test_profile_of_a_traced_decode(tmp_path):
     assert sum(r["share"] for r in record["ops"]) == pytest.approx(1.0, abs=1e-3)
     assert 0 < record["op_ms_per_step"] <= record["traced_wall_ms_per_step"]
     assert record["ops_per_step"] > 1
+    everything = profile.read_op_events(str(tmp_path))
+    assert profile.read_op_events(str(tmp_path), "/host:CPU") == everything  # XLA:CPU runs ops there
+    assert profile.read_op_events(str(tmp_path), "/device:") == []
 
 
 def test_profile_of_a_folder_without_a_trace_says_so(tmp_path):
