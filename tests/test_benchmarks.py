@@ -14,7 +14,7 @@ from absl import flags
 
 from transformer_jax import timing
 from transformer_jax.benchmarks import attention, data, decoding, presets, profile, train_step
-from transformer_jax.errors import MissingFileError
+from transformer_jax.errors import ConfigError, MissingFileError
 from transformer_jax.model_config import ModelConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,8 +44,17 @@ def test_base_and_big_presets_are_the_papers_models():
 
 
 def test_unknown_preset_names_fail_with_the_choices():
-    with pytest.raises(ValueError, match="tiny"):
+    with pytest.raises(ConfigError, match="tiny"):
         presets.check_names(["tiny", "huge"], presets.TRAIN_PRESETS, "--presets")
+
+
+@pytest.mark.parametrize("module, flag", [("decoding", "--presets=huge"), ("decoding", "--new_tokens=0"),
+                                          ("attention", "--lengths=x"), ("profile", "--searches=wide")])
+def test_a_bad_flag_value_is_one_line_not_a_traceback(module, flag):
+    result = subprocess.run([sys.executable, "-m", f"transformer_jax.benchmarks.{module}", flag], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[0].startswith(f"error: {flag.split('=')[0]} takes")
 
 
 def test_peak_is_the_best_run_and_reports_the_median_too():

@@ -25,6 +25,7 @@ from absl import app, flags
 
 from transformer_jax import attention, errors, host_memory, timing
 from transformer_jax.blockwise_attention import blockwise_attention
+from transformer_jax.errors import ConfigError
 
 BATCH, NUM_HEADS, D_K = 1, 8, 64
 DEFAULT_LENGTHS = (256, 512, 1024, 2048, 4096, 8192)
@@ -130,7 +131,7 @@ def parse_lengths(values: list[str]) -> list[int]:
     except ValueError:
         lengths = []
     if not lengths or min(lengths) < 1:
-        raise ValueError(f"--lengths takes comma-separated positive integers, e.g. 256,1024; got {values!r}")
+        raise ConfigError(f"--lengths takes comma-separated positive integers, e.g. 256,1024; got {values!r}")
     return lengths
 
 

@@ -25,6 +25,7 @@ from absl import app, flags
 
 from transformer_jax import decode, errors, flops, host_memory, paper, timing
 from transformer_jax.benchmarks import presets
+from transformer_jax.errors import ConfigError
 from transformer_jax.model import init_params
 from transformer_jax.model_config import ModelConfig
 from transformer_jax.special_ids import PAD_ID
@@ -142,7 +143,7 @@ def _positive_ints(values: list[str] | None, flag: str) -> list[int] | None:
     except ValueError:
         numbers = []
     if not numbers or min(numbers) < 1:
-        raise ValueError(f"{flag} takes comma-separated positive integers, e.g. 32,128; got {values!r}")
+        raise ConfigError(f"{flag} takes comma-separated positive integers, e.g. 32,128; got {values!r}")
     return numbers
 
 

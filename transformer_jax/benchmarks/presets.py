@@ -16,6 +16,7 @@ import dataclasses
 from typing import Any
 
 from transformer_jax import paper
+from transformer_jax.errors import ConfigError
 from transformer_jax.model_config import ModelConfig
 
 MODELS: dict[str, dict[str, Any]] = {
@@ -65,5 +66,5 @@ def check_names(names: list[str], known: dict, flag: str) -> list[str]:
     """``names`` if each is a key of ``known``, else a ValueError that lists the choices."""
     unknown = [n for n in names if n not in known]
     if unknown or not names:
-        raise ValueError(f"{flag} takes a comma-separated list of {list(known)}; got {names!r}")
+        raise ConfigError(f"{flag} takes a comma-separated list of {list(known)}; got {names!r}")
     return list(names)
