@@ -47,6 +47,8 @@ def test_label_smoothed_loss_matches_explicit_one_hot_reference():
         np.testing.assert_allclose(sums["loss"], loss, rtol=1e-5)
         np.testing.assert_allclose(sums["nll"], nll, rtol=1e-5)
         assert float(sums["num_tokens"]) == count == 15 - 2 - 4
+        argmax_hits = (logits.argmax(-1) == targets) & (targets != PAD_ID)  # no ties in random logits
+        assert float(sums["correct"]) == argmax_hits.sum()
 
 
 def test_loss_ignores_padding_positions():

@@ -43,14 +43,16 @@ def cross_entropy_sums(logits: jax.Array, targets: jax.Array, label_smoothing: f
 
     Returns:
       dict of float32[] sums: ``loss`` (smoothed), ``nll`` (unsmoothed, for perplexity), ``correct``
-      (argmax accuracy) and ``num_tokens``.
+      (argmax accuracy; a target tied for the largest logit counts) and ``num_tokens``.
     """
     weights = (targets != PAD_ID).astype(jnp.float32)
     lse = jax.nn.logsumexp(logits, axis=-1)  # [B, T]
     target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]  # [B, T]
     nll = lse - target_logit
     smoothed = (1.0 - label_smoothing) * nll + label_smoothing * (lse - jnp.mean(logits, axis=-1))
-    correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+    # The target is "correct" when its logit is the largest (argmax, but a tie also counts). A max
+    # reduction, unlike argmax's (value, index) one, is cheap on a CPU: 8% of a Multi30k step (vocab 8k).
+    correct = (target_logit >= jnp.max(logits, axis=-1)).astype(jnp.float32)
     return {
         "loss": jnp.sum(smoothed * weights),
         "nll": jnp.sum(nll * weights),
