@@ -51,6 +51,12 @@ def test_label_smoothed_loss_matches_explicit_one_hot_reference():
         assert float(sums["correct"]) == argmax_hits.sum()
 
 
+def test_a_target_tied_for_the_largest_logit_counts_as_correct():
+    logits = jnp.array([[[1.0, 3.0, 3.0, 0.0], [1.0, 3.0, 3.0, 0.0], [1.0, 3.0, 3.0, 0.0]]])
+    sums = steps.cross_entropy_sums(logits, jnp.array([[1, 2, 3]]), 0.0)
+    assert float(sums["correct"]) == 2.0  # both tied maxima count; the smaller logit does not
+
+
 def test_loss_ignores_padding_positions():
     rng = np.random.default_rng(1)
     logits = jnp.asarray(rng.normal(size=(1, 4, VOCAB)), jnp.float32)
