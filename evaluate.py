@@ -4,15 +4,16 @@ Restores the run's config, tokenizer and a checkpoint (optionally the average of
 reports per-subword perplexity, sacreBLEU (with its signature) and the paper's tokenized compound-split
 BLEU, beside the paper's Table 2 (newstest2014) or Table 3 (newstest2013) row for the config.
 Writes <output_dir>/<split or source file name>-<step>[-avg<N>].txt/.json and never replaces an earlier
-result unless --overwrite. All logic is in transformer_jax.evaluation; a user error (bad flag, missing
+result unless --overwrite. All logic is in transformer_jax.evaluation.scoring; a user error (bad flag, missing
 file, unwritable output folder) prints two lines and exits 1 (TRANSFORMER_JAX_TRACEBACK=1 for more).
 """
 
 import json
 
-from absl import app, flags, logging
+from absl import flags, logging
 
-from transformer_jax import errors, evaluation, host_memory, paper
+from transformer_jax.evaluation import paper, scoring
+from transformer_jax.runtime import errors
 
 _WORKDIR = flags.DEFINE_string("workdir", "workdir", "A train.py workdir.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest good one).")
@@ -50,11 +51,8 @@ _OVERWRITE = flags.DEFINE_bool(
 
 
 def main(argv):
-    host_memory.keep_freed_memory()  # before jax starts its threads: see transformer_jax/host_memory.py
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)  # as train.py: warnings (e.g. skipped blank pairs), no info
-    results = evaluation.evaluate_workdir(
+    results = scoring.evaluate_workdir(
         _WORKDIR.value, step=_STEP.value, average_last=_AVERAGE_LAST.value, split=_SPLIT.value,
         source_file=_SOURCE_FILE.value, reference_file=_REFERENCE_FILE.value,
         beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value, max_extra_len=_MAX_EXTRA_LEN.value,

@@ -1,7 +1,7 @@
 """Trains the Transformer: `python train.py [--config=configs/X.py] [--workdir=DIR] [--config.key=value]`.
 
 With no flags it trains the embedded default (configs/default.py, a synthetic task) into ./workdir.
-Running it again on a workdir that holds checkpoints resumes. All logic is in transformer_jax.train_lib.
+Running it again on a workdir that holds checkpoints resumes. All logic is in transformer_jax.training.loop.
 The whole config and every input file are checked first; a user error (bad field, missing file) prints
 two lines and exits 1 (TRANSFORMER_JAX_TRACEBACK=1 shows the traceback).
 """
@@ -9,10 +9,11 @@ two lines and exits 1 (TRANSFORMER_JAX_TRACEBACK=1 shows the traceback).
 import os
 
 import jax
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
-from transformer_jax import errors, host_memory, train_lib
+from transformer_jax.runtime import errors
+from transformer_jax.training import loop
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "default.py")
 _CONFIG = config_flags.DEFINE_config_file(
@@ -25,13 +26,10 @@ _MULTIPROCESS = flags.DEFINE_bool(
 
 
 def main(argv):
-    host_memory.keep_freed_memory()  # before jax starts its threads: see transformer_jax/host_memory.py
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     if _MULTIPROCESS.value:
         jax.distributed.initialize()
     logging.set_verbosity(logging.WARNING)
-    train_lib.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
 
 
 if __name__ == "__main__":

@@ -8,9 +8,9 @@ Every other config starts from this one and overrides what differs.
 import ml_collections
 from ml_collections import config_dict
 
-from transformer_jax import paper
 from transformer_jax.data.config import default_data_config
-from transformer_jax.model_config import ModelConfig
+from transformer_jax.evaluation import paper
+from transformer_jax.model.config import ModelConfig
 
 
 def model_config(**overrides) -> ml_collections.ConfigDict:
@@ -42,7 +42,7 @@ def get_config() -> ml_collections.ConfigDict:
         length_buckets=(16, 32, 48, 64),  # padded lengths: one compiled program each
     )
 
-    # Model: overrides of ModelConfig (transformer_jax/model_config.py documents every field; its defaults are
+    # Model: overrides of ModelConfig (transformer_jax/model/config.py documents every field; its defaults are
     # the paper's base model). config.model holds every ModelConfig field, so any can be set from here
     # or from the command line, e.g. --config.model.attention_impl=blockwise.
     config.model = model_config(

@@ -9,7 +9,7 @@ and tested on section 23. Compare it with the right-branching baseline scored th
 """
 
 from configs import default as default_lib
-from transformer_jax import paper
+from transformer_jax.evaluation import paper
 
 
 def get_config():

@@ -13,7 +13,8 @@ The config argument is ``<row>[,<scale>]``: ``row`` is a name of ``paper.TABLE3`
 ``paper`` (default), ``cpu`` or ``multi30k``. ``config.name`` is ``table3/<row>``, which the evaluation
 report matches to the paper's Table 3 row (newstest2013: PPL, BLEU).
 
-A row is a set of overrides (``paper.TABLE3``; the numbers live only in ``transformer_jax/paper.py``):
+A row is a set of overrides (``paper.TABLE3``; the numbers live only in
+``transformer_jax/evaluation/paper.py``):
 ``row.model`` holds ``ModelConfig`` fields and ``row.train`` ``config.train`` fields, applied with
 ``config.model.update(...)`` / ``config.train.update(...)`` to a locked config, so a misspelt field fails.
 The base row's model is ``ModelConfig``'s defaults and its training values ``paper.BASE_TRAIN``.
@@ -76,8 +77,8 @@ import ml_collections
 from configs import default as default_lib
 from configs import multi30k as multi30k_lib
 from configs import wmt14_en_de_base as paper_base_lib
-from transformer_jax import paper
-from transformer_jax.model_config import ModelConfig
+from transformer_jax.evaluation import paper
+from transformer_jax.model.config import ModelConfig
 
 
 def _keep(value: Any) -> Any:

@@ -7,7 +7,7 @@ Needs TFDS wmt14_translate prepared in data.tfds_data_dir (see README, "Data").
 """
 
 from configs import default as default_lib
-from transformer_jax import paper
+from transformer_jax.evaluation import paper
 
 
 def get_config():

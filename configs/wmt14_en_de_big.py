@@ -5,7 +5,7 @@ the paper averaged the last 20 checkpoints.
 """
 
 from configs import wmt14_en_de_base as base_lib
-from transformer_jax import paper
+from transformer_jax.evaluation import paper
 
 
 def get_config():

@@ -4,7 +4,7 @@ As the EN-DE big config, except: P_drop=0.1 (section 6.1) and a 32k shared vocab
 """
 
 from configs import wmt14_en_de_big as big_lib
-from transformer_jax import paper
+from transformer_jax.evaluation import paper
 
 
 def get_config():

@@ -5,14 +5,14 @@
 
 Section 6.3 of the paper: a 4-layer Transformer with d_model 1024 trained on WSJ sections 02-21
 (about 40k sentences), a 16k vocabulary, beam 21, alpha 0.3, maximum output length = input length
-+ 300; everything else as the EN-DE base model. Figures come from `transformer_jax.paper`. The
++ 300; everything else as the EN-DE base model. Figures come from `transformer_jax.evaluation.paper`. The
 paper tuned dropout (attention and residual), learning rates and the beam size on section 22 but
 does not give the tuned values, so those stay at the base model's. Bring WSJ from LDC (LDC99T42):
 data.dir is its parsed/mrg/wsj folder (wsj/NN/wsj_NNNN.mrg); a flat folder of wsj_NNNN.mrg works too.
 """
 
 from configs import default as default_lib
-from transformer_jax import paper
+from transformer_jax.evaluation import paper
 
 
 def get_config():

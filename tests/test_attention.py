@@ -1,4 +1,4 @@
-"""Tests for transformer_jax.attention: reference implementations, hand values and properties."""
+"""Tests for transformer_jax.model.attention: reference implementations, hand values and properties."""
 
 import jax
 import jax.numpy as jnp
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-from transformer_jax import attention
+from transformer_jax.model import attention
 
 # Distinct odd sizes, so that a transposed axis cannot pass.
 BATCH, Q_LEN, KV_LEN, HEADS, D_K, D_V = 3, 5, 7, 11, 13, 9

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from absl import flags
 
-from transformer_jax import timing
 from transformer_jax.benchmarks import attention, data, decoding, presets, profile, train_step
-from transformer_jax.errors import ConfigError, MissingFileError
-from transformer_jax.model_config import ModelConfig
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.runtime import timing
+from transformer_jax.runtime.errors import ConfigError, MissingFileError
 
 REPO = Path(__file__).resolve().parents[1]
 MICRO = dict(vocab_size=37, d_model=12, d_ff=20, num_heads=3, num_encoder_layers=1, num_decoder_layers=1)

@@ -1,4 +1,5 @@
-"""Tests for transformer_jax.bleu: hand-computed BLEU, the ATAT compound split, the protocol choices, and
+"""Tests for transformer_jax.evaluation.bleu: hand-computed BLEU, the ATAT compound split, the protocol
+choices, and
 the Multi30k pipeline against the dataset's own tokenized references."""
 
 import json
@@ -11,7 +12,7 @@ import pytest
 import sacrebleu
 import sacremoses
 
-from transformer_jax import bleu
+from transformer_jax.evaluation import bleu
 
 ATAT = "##AT##-##AT##"
 SHARED_MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"

@@ -1,12 +1,12 @@
-"""Tests for transformer_jax.blockwise_attention against the dense reference in attention.py."""
+"""Tests for transformer_jax.model.blockwise_attention against the dense reference in attention.py."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import attention, blockwise_attention
-from transformer_jax.blockwise_attention import blockwise_attention as blockwise
+from transformer_jax.model import attention, blockwise_attention
+from transformer_jax.model.blockwise_attention import blockwise_attention as blockwise
 
 # Distinct odd sizes so that a transposition cannot pass.
 BATCH, HEADS, Q_LEN, KV_LEN, D_K, D_V = 3, 5, 37, 53, 7, 11

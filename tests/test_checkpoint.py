@@ -1,4 +1,4 @@
-"""Tests for transformer_jax.checkpoint: round trip, retention, schedule, damage, averaging."""
+"""Tests for transformer_jax.checkpoints.manager: round trip, retention, schedule, damage, averaging."""
 
 import glob
 import logging
@@ -13,11 +13,11 @@ import optax
 import pytest
 from flax import struct
 
-from transformer_jax import checkpoint as ckpt_lib
-from transformer_jax import checkpoint_checks as checks
-from transformer_jax.averaging import average_checkpoints
-from transformer_jax.checkpoint import Checkpointer
-from transformer_jax.checkpoint_checks import CheckpointMismatchError, NonFiniteStateError
+from transformer_jax.checkpoints import integrity as checks
+from transformer_jax.checkpoints import manager as ckpt_lib
+from transformer_jax.checkpoints.averaging import average_checkpoints
+from transformer_jax.checkpoints.integrity import CheckpointMismatchError, NonFiniteStateError
+from transformer_jax.checkpoints.manager import Checkpointer
 
 
 @struct.dataclass

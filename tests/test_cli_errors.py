@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from transformer_jax import errors
+from transformer_jax.runtime import errors
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

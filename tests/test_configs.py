@@ -7,7 +7,7 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from transformer_jax.model_config import ModelConfig
+from transformer_jax.model.config import ModelConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_FILES = sorted(p for p in glob.glob(os.path.join(ROOT, "configs", "*.py"))

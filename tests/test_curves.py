@@ -1,4 +1,4 @@
-"""Tests for transformer_jax.curves: reading metrics.jsonl and drawing the PNG."""
+"""Tests for transformer_jax.evaluation.curves: reading metrics.jsonl and drawing the PNG."""
 
 import json
 import os
@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from transformer_jax import curves
-from transformer_jax.errors import MissingFileError
+from transformer_jax.evaluation import curves
+from transformer_jax.runtime.errors import MissingFileError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -40,7 +40,8 @@ def test_cli_writes_a_png(tmp_path):
     _write_metrics(tmp_path / "run", [{"step": 1, "time": 0.0, "dev_loss": 2.0, "dev_bleu": 1.0},
                                       {"step": 2, "time": 60.0, "dev_loss": 1.0, "dev_bleu": 2.0}])
     out = tmp_path / "curves.png"
-    proc = subprocess.run([sys.executable, "-m", "transformer_jax.curves", f"--workdirs={tmp_path / 'run'}",
+    proc = subprocess.run([sys.executable, "-m", "transformer_jax.evaluation.curves",
+                           f"--workdirs={tmp_path / 'run'}",
                            f"--out={out}"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     with open(out, "rb") as f:

@@ -17,7 +17,7 @@ from transformer_jax.data import (
 )
 from transformer_jax.data.batching import bucket_batch_sizes, gather_padded
 from transformer_jax.data.eval_batches import extended_buckets
-from transformer_jax.special_ids import EOS_ID, PAD_ID
+from transformer_jax.model.special_ids import EOS_ID, PAD_ID
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

@@ -12,7 +12,7 @@ from transformer_jax.data import (
     get_source,
     load_or_train_tokenizer,
 )
-from transformer_jax.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from transformer_jax.model.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

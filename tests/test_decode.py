@@ -1,4 +1,4 @@
-"""Tests for transformer_jax.decode: the cache, greedy and beam search, EOS, lengths and the penalty."""
+"""Tests for transformer_jax.evaluation.decode: the cache, greedy and beam search, EOS, lengths, penalty."""
 
 import itertools
 
@@ -7,12 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import decode
-from transformer_jax import model as model_lib
-from transformer_jax.decode import NEG_INF
-from transformer_jax.model import Transformer
-from transformer_jax.model_config import ModelConfig
-from transformer_jax.special_ids import EOS_ID, PAD_ID
+from transformer_jax.evaluation import decode
+from transformer_jax.evaluation.decode import NEG_INF
+from transformer_jax.model import transformer as model_lib
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.special_ids import EOS_ID, PAD_ID
+from transformer_jax.model.transformer import Transformer
 
 VOCAB, BATCH, SRC_LEN = 23, 5, 7
 EXTRA = 3  # max_extra_len of every search on the tiny model (one output buffer, fewer compilations)

@@ -11,8 +11,9 @@ import pytest
 from tiny import config_with
 
 from transformer_jax import data as data_lib
-from transformer_jax import evaluation, train_lib
-from transformer_jax.errors import ConfigError, DataError, UserError
+from transformer_jax.evaluation import scoring
+from transformer_jax.runtime.errors import ConfigError, DataError, UserError
+from transformer_jax.training import loop
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = {
@@ -33,7 +34,7 @@ def workdir(tmp_path_factory):
     """A 4-step run with checkpoints at steps 2 and 4; its synthetic test pairs."""
     path = tmp_path_factory.mktemp("evaluate_cli")
     config = config_with(TINY)
-    train_lib.train_and_evaluate(config, str(path))
+    loop.train_and_evaluate(config, str(path))
     return str(path), list(data_lib.get_source(config.data).pairs("test"))
 
 
@@ -87,20 +88,20 @@ def test_source_and_reference_files_name_the_outputs(workdir, tmp_path):
 
 def test_average_last(workdir):
     path, _ = workdir
-    single = evaluation.evaluate_workdir(path, split="test", beam_size=1, max_extra_len=4)
-    averaged = evaluation.evaluate_workdir(path, split="test", average_last=2, beam_size=1,
+    single = scoring.evaluate_workdir(path, split="test", beam_size=1, max_extra_len=4)
+    averaged = scoring.evaluate_workdir(path, split="test", average_last=2, beam_size=1,
                                            max_extra_len=4)
     assert [os.path.basename(p) for p in averaged["outputs"]] == ["test-4-avg2.txt", "test-4-avg2.json"]
     assert averaged["average_last"] == 2 and averaged["step"] == single["step"] == 4
     assert averaged["ppl"] != pytest.approx(single["ppl"], rel=1e-6)  # other parameters were scored
     with pytest.raises(ConfigError, match=r"--average_last=3 needs 3 checkpoints .* found 2: \[2, 4\]"):
-        evaluation.evaluate_workdir(path, split="test", average_last=3, beam_size=1)
+        scoring.evaluate_workdir(path, split="test", average_last=3, beam_size=1)
     with pytest.raises(ConfigError, match=r"--average_last=-1"):
-        evaluation.evaluate_workdir(path, average_last=-1)
+        scoring.evaluate_workdir(path, average_last=-1)
     # --overwrite replaces a result; without it the same call is refused.
     with pytest.raises(UserError, match=r"test-4\.json exists"):
-        evaluation.evaluate_workdir(path, split="test", beam_size=1, max_extra_len=4)
-    again = evaluation.evaluate_workdir(path, split="test", beam_size=1, max_extra_len=4, overwrite=True)
+        scoring.evaluate_workdir(path, split="test", beam_size=1, max_extra_len=4)
+    again = scoring.evaluate_workdir(path, split="test", beam_size=1, max_extra_len=4, overwrite=True)
     assert again["ppl"] == pytest.approx(single["ppl"], rel=1e-6)
 
 
@@ -109,10 +110,10 @@ def test_a_line_too_long_to_decode_names_the_file_and_line(workdir, tmp_path):
     long_line = " ".join([pairs[0][0]] * 200)  # far beyond model.max_len=256 minus 4 output positions
     src, ref = _write_pair(tmp_path, "long", [pairs[0], ("", ""), (long_line, pairs[1][1])])
     with pytest.raises(DataError, match=rf"{src}:3: the source has \d+ tokens .* more than the 252"):
-        evaluation.evaluate_workdir(path, source_file=src, reference_file=ref, beam_size=1,
+        scoring.evaluate_workdir(path, source_file=src, reference_file=ref, beam_size=1,
                                     max_extra_len=4, output_dir=str(tmp_path / "out"))
     with pytest.raises(ConfigError, match=r"--max_extra_len=500: .* --max_extra_len=192 or less"):
-        evaluation.evaluate_workdir(path, max_extra_len=500, output_dir=str(tmp_path / "out"))
+        scoring.evaluate_workdir(path, max_extra_len=500, output_dir=str(tmp_path / "out"))
 
 
 def test_an_unwritable_output_folder_fails_before_restoring(workdir, tmp_path):
@@ -120,4 +121,4 @@ def test_an_unwritable_output_folder_fails_before_restoring(workdir, tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
     with pytest.raises(UserError, match=r"cannot write the results to .*a_file/eval.*--output_dir"):
-        evaluation.evaluate_workdir(path, output_dir=str(blocker / "eval"))
+        scoring.evaluate_workdir(path, output_dir=str(blocker / "eval"))

@@ -1,4 +1,4 @@
-"""Tests for evaluation.py and restore.py: perplexity, translation order, restoring and scoring a workdir."""
+"""Tests for scoring.py and restore.py: perplexity, translation order, restoring and scoring a workdir."""
 
 import json
 import os
@@ -10,11 +10,15 @@ import pytest
 from tiny import config_with
 
 from transformer_jax import data as data_lib
-from transformer_jax import decode, evaluation, restore, run_config, sharding, train_state
-from transformer_jax import model as model_lib
-from transformer_jax.checkpoint import Checkpointer
-from transformer_jax.model_config import ModelConfig
-from transformer_jax.special_ids import PAD_ID
+from transformer_jax import run_config
+from transformer_jax.checkpoints import restore
+from transformer_jax.checkpoints.manager import Checkpointer
+from transformer_jax.evaluation import decode, scoring
+from transformer_jax.model import transformer as model_lib
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.special_ids import PAD_ID
+from transformer_jax.runtime import sharding
+from transformer_jax.training import train_state
 
 VOCAB = 23
 
@@ -59,7 +63,7 @@ def _reference_nll(params, cfg, batches):
 def test_perplexity_is_the_exponent_of_the_mean_token_nll():
     cfg, batches = _model_config(), _batches()
     params = model_lib.init_params(cfg, rng=jax.random.key(1))
-    result = evaluation.perplexity(params, cfg, batches)
+    result = scoring.perplexity(params, cfg, batches)
     total, count = _reference_nll(params, cfg, batches)
     assert result["num_tokens"] == count == 3 * 5 - 3 + 5 * 9 - 3
     np.testing.assert_allclose(result["nll"], total / count, rtol=1e-5)
@@ -77,7 +81,7 @@ class _DigitsTokenizer:
 def test_translate_is_greedy_search_of_the_real_rows_in_split_order():
     cfg, batches = _model_config(), _batches()
     params = model_lib.init_params(cfg, rng=jax.random.key(2))
-    got = evaluation.translate(params, cfg, _DigitsTokenizer(), batches, beam_size=1, max_extra_len=4)
+    got = scoring.translate(params, cfg, _DigitsTokenizer(), batches, beam_size=1, max_extra_len=4)
     assert len(got) == 8  # padding rows are not translated
     expected = {}
     for b in batches:
@@ -85,7 +89,7 @@ def test_translate_is_greedy_search_of_the_real_rows_in_split_order():
         for i, row in zip(b.indices, _DigitsTokenizer().decode_batch(tokens[: b.num_real]), strict=True):
             expected[int(i)] = row
     assert got == [expected[i] for i in range(8)]
-    references, sources = evaluation.references_and_sources(batches)
+    references, sources = scoring.references_and_sources(batches)
     assert references == [f"t{i}" for i in range(8)] and sources == [f"s{i}" for i in range(8)]
 
 
@@ -145,15 +149,15 @@ def test_restore_workdir_names_what_is_missing(tmp_path, workdir):
 def test_averaged_params_are_the_mean_of_the_last_n_up_to_the_step(workdir):
     path, saved = workdir
     restored = restore.restore_workdir(path, step=2)
-    _assert_params_equal(evaluation.averaged_params(restored, 2),
+    _assert_params_equal(scoring.averaged_params(restored, 2),
                          jax.tree.map(lambda a, b: (a + b) / 2, saved[1], saved[2]), rtol=1e-6)
     with pytest.raises(ValueError, match=r"average_last=3.*step 2.*\[1, 2\]"):
-        evaluation.averaged_params(restored, 3)
+        scoring.averaged_params(restored, 3)
 
 
 def test_evaluate_workdir_writes_translations_and_numbers(workdir):
     path, _ = workdir
-    results = evaluation.evaluate_workdir(path, split="dev", beam_size=2, max_extra_len=3)
+    results = scoring.evaluate_workdir(path, split="dev", beam_size=2, max_extra_len=3)
     txt, js = results["outputs"]
     assert (txt, js) == (os.path.join(path, "eval", "dev-3.txt"), os.path.join(path, "eval", "dev-3.json"))
     with open(txt) as f:
@@ -166,4 +170,4 @@ def test_evaluate_workdir_writes_translations_and_numbers(workdir):
     assert written["decode_seconds"] > 0
     assert written["sentences_per_second"] == pytest.approx(7 / written["decode_seconds"], rel=0.01)
     with pytest.raises(ValueError, match="reference_file"):
-        evaluation.evaluate_workdir(path, source_file=txt)
+        scoring.evaluate_workdir(path, source_file=txt)

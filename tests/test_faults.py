@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 from tiny import config_with, saved_state
 
-from transformer_jax import checkpoint_checks, restore, train_lib
+from transformer_jax.checkpoints import integrity, restore
 from transformer_jax.data import load_or_train_tokenizer
-from transformer_jax.errors import MissingFileError
+from transformer_jax.runtime.errors import MissingFileError
+from transformer_jax.training import loop
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 6
@@ -40,7 +41,7 @@ _IGNORE_CLOSED_LOOP = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisabl
 
 
 def train(workdir, **overrides):
-    return train_lib.train_and_evaluate(config_with({**FAULT, **overrides}), str(workdir))
+    return loop.train_and_evaluate(config_with({**FAULT, **overrides}), str(workdir))
 
 
 def start(script, workdir, **overrides) -> subprocess.Popen:
@@ -236,7 +237,7 @@ def test_a_missing_or_different_tokenizer_is_an_error_and_never_retrained(tmp_pa
     assert other.sha256 != restore.Tokenizer(original).sha256
     shutil.copy(other.model_path, model)
     for attempt in (lambda: restore.restore_workdir(str(workdir)), lambda: train(workdir)):
-        with pytest.raises(checkpoint_checks.TokenizerMismatchError, match=r"spm\.model.*sha256"):
+        with pytest.raises(integrity.TokenizerMismatchError, match=r"spm\.model.*sha256"):
             attempt()
     model.write_bytes(original)
     assert restore.restore_workdir(str(workdir)).step == STEPS
@@ -245,7 +246,7 @@ def test_a_missing_or_different_tokenizer_is_an_error_and_never_retrained(tmp_pa
 # ------------------------------------------------------------------------------------------ model config
 def test_a_changed_model_config_names_the_fields_and_damages_nothing(tmp_path, reference, caplog):
     workdir = copy_of(reference, tmp_path)
-    with caplog.at_level(logging.WARNING), pytest.raises(checkpoint_checks.CheckpointMismatchError) as e:
+    with caplog.at_level(logging.WARNING), pytest.raises(integrity.CheckpointMismatchError) as e:
         train(workdir, **{"model.d_model": 32, "model.num_heads": 4})
     message = str(e.value)
     assert "model.d_model: saved 16, new 32" in message and "model.num_heads: saved 2, new 4" in message

@@ -4,9 +4,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import flops
-from transformer_jax.model import Transformer, init_params
-from transformer_jax.model_config import ModelConfig
+from transformer_jax.model import flops
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.transformer import Transformer, init_params
 
 # Odd, distinct sizes, and d_k != d_v, so that a swapped dimension changes the count.
 HAND = ModelConfig(vocab_size=11, d_model=6, d_ff=10, num_heads=3, d_k=5, d_v=7, num_encoder_layers=1,

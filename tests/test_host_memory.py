@@ -1,4 +1,4 @@
-"""Tests for transformer_jax.host_memory: freed memory stays in the process (no page faults on reuse).
+"""Tests for transformer_jax.runtime.host_memory: freed memory stays in the process (no page faults on reuse).
 
 Each case runs in a fresh interpreter, since malloc settings are process-wide: it mallocs, touches and
 frees a 256 MB block five times, and counts the minor page faults of the last four rounds.
@@ -11,13 +11,13 @@ import sys
 
 import pytest
 
-from transformer_jax import host_memory
+from transformer_jax.runtime import host_memory
 
 BLOCK_PAGES = 256 * 2**20 // 4096
 
 SCRIPT = """
 import ctypes, ctypes.util, json, resource
-from transformer_jax import host_memory
+from transformer_jax.runtime import host_memory
 configured = host_memory.keep_freed_memory()
 libc = ctypes.CDLL(ctypes.util.find_library("c"))
 libc.malloc.restype = ctypes.c_void_p

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from tiny import config_with
 
-from transformer_jax import train_lib
-from transformer_jax.inspect import ablation, complexity, forward, report
+from transformer_jax.inspect import ablation, complexity, forward, run_all
+from transformer_jax.training import loop
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SENTENCE = "The old dog saw a red car."
@@ -48,7 +48,7 @@ def _cli(*args, timeout=600):
 def inspected(tmp_path_factory):
     """Trains a tiny workdir, runs ``python -m transformer_jax.inspect`` on it; returns what it wrote."""
     workdir = tmp_path_factory.mktemp("inspect_workdir")
-    train_lib.train_and_evaluate(config_with(TINY), str(workdir))
+    loop.train_and_evaluate(config_with(TINY), str(workdir))
     out = workdir / "inspect_out"
     proc = _cli("--workdir", str(workdir), "--sentence", SENTENCE, "--out", str(out), "--num_dev", "11",
                 "--d_ks", "4,64", "--lengths", "16,48", "--block_size", "16", "--repeats", "1",
@@ -250,6 +250,6 @@ def test_summary_leaves_out_what_was_not_run(inspected):
     _, results, _, _ = inspected
     cfg = types.SimpleNamespace(d_model=D_MODEL)
     trimmed = dict(results, ablation_baseline=None, complexity=[], alignment=[])
-    sections = re.findall(r"^## (.+)$", report.summarize(trimmed, cfg), re.M)
+    sections = re.findall(r"^## (.+)$", run_all.summarize(trimmed, cfg), re.M)
     assert [s.split(" ")[0] for s in sections] == ["Heads", "Scaling", "Positions"]
-    assert ablation.WEIGHTS_ARE_NOT_EXPLANATIONS not in report.summarize(trimmed, cfg)
+    assert ablation.WEIGHTS_ARE_NOT_EXPLANATIONS not in run_all.summarize(trimmed, cfg)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from transformer_jax.inspect import forward
-from transformer_jax.special_ids import EOS_ID
+from transformer_jax.model.special_ids import EOS_ID
 
 
 def test_attention_masks_by_hand():

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from transformer_jax.inspect import positions
-from transformer_jax.model import sinusoidal_table
+from transformer_jax.model.transformer import sinusoidal_table
 
 
 def test_pe_linear_offset_check_passes_on_the_real_table_and_fails_when_corrupted():

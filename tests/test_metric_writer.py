@@ -6,7 +6,7 @@ import struct
 import pytest
 from tensorboardX.proto import event_pb2
 
-from transformer_jax.metric_writer import MetricWriter
+from transformer_jax.training.metric_writer import MetricWriter
 
 
 def _scalars(tensorboard_dir) -> dict[str, list[tuple[int, float]]]:

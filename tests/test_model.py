@@ -1,13 +1,13 @@
-"""Tests for transformer_jax.model: shapes, validation, parameter counts and causal properties."""
+"""Tests for transformer_jax.model.transformer: shapes, validation, parameter counts and causal properties."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import model as model_lib
-from transformer_jax.model import Transformer
-from transformer_jax.model_config import ModelConfig, param_count
+from transformer_jax.model import transformer as model_lib
+from transformer_jax.model.config import ModelConfig, param_count
+from transformer_jax.model.transformer import Transformer
 
 VOCAB, SRC_LEN, TGT_LEN, BATCH = 37, 7, 9, 3
 

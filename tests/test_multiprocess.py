@@ -20,8 +20,9 @@ WORKER = textwrap.dedent("""
                                    process_id=process_id, initialization_timeout=60)
     import numpy as np, optax
     jax.config.update("jax_default_matmul_precision", "highest")
-    from transformer_jax import sharding, steps, train_state
-    from transformer_jax.model_config import ModelConfig
+    from transformer_jax.runtime import sharding
+    from transformer_jax.training import steps, train_state
+    from transformer_jax.model.config import ModelConfig
     cfg = ModelConfig(vocab_size=31, d_model=16, d_ff=24, num_heads=2, num_encoder_layers=1,
                                 num_decoder_layers=1, dropout_rate=0.1, max_len=16)
     rules = (("batch", "data"),)

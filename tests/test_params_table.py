@@ -2,8 +2,9 @@
 
 import pytest
 
-from transformer_jax import paper, params_table
-from transformer_jax.model_config import param_count
+from transformer_jax import params_table
+from transformer_jax.evaluation import paper
+from transformer_jax.model.config import param_count
 
 # The paper gives neither its exact vocabulary nor unrounded counts. Its base row implies a ~40.8k shared
 # vocabulary and its big row ~35.9k (see params_table.implied_vocab_size), so every printed count must lie

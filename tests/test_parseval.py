@@ -1,4 +1,4 @@
-"""EVALB-compatible F1 (transformer_jax/parseval.py) on hand-computed examples.
+"""EVALB-compatible F1 (transformer_jax/evaluation/evalb.py) on hand-computed examples.
 
 Gold sentence: (S (NP The dog) (VP saw (NP a cat)) .). After the '.' is deleted its brackets are
 S[0,5) NP[0,2) VP[2,5) NP[3,5): 4 brackets. Figures below are percentages.
@@ -7,7 +7,7 @@ S[0,5) NP[0,2) VP[2,5) NP[3,5): 4 brackets. Figures below are percentages.
 import pytest
 
 from transformer_jax.data.trees import Tree, linearize, parse_trees
-from transformer_jax.parseval import (
+from transformer_jax.evaluation.evalb import (
     brackets,
     parsing_report,
     right_branching_baseline,

@@ -1,4 +1,4 @@
-"""Parsing evaluation (transformer_jax/parsing_eval.py): chunked decoding, the report, end to end."""
+"""Parsing evaluation (transformer_jax/evaluation/parsing.py): chunked decoding, the report, end to end."""
 
 import json
 import os
@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 from tiny import config_with
 
-from transformer_jax import decode, paper, parsing_eval, train_lib
 from transformer_jax.data import EvalBatch, default_data_config
-from transformer_jax.model import Transformer
-from transformer_jax.model_config import ModelConfig
-from transformer_jax.special_ids import PAD_ID
+from transformer_jax.evaluation import decode, paper, parsing
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.special_ids import PAD_ID
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.training import loop
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -55,10 +56,10 @@ def _batches(sources, padded_len, batch_size):
 def test_cache_bytes_hand_computed():
     config, _ = _tiny_model(d_model=24, num_heads=3, d_k=5, d_v=7, num_decoder_layers=3)
     # 3 layers x 5 rows x 7 beams x (13 + 9) positions x 3 heads x (5 + 7) x 4 bytes
-    assert parsing_eval.cache_bytes(config, 5, 7, src_len=9, cache_len=13) == 3 * 5 * 7 * 22 * 36 * 4
-    per_sentence = parsing_eval.cache_bytes(config, 1, 21, src_len=9, cache_len=309)
-    assert parsing_eval.chunk_rows(config, 21, 9, 309, budget_bytes=3 * per_sentence + 1) == 3
-    assert parsing_eval.chunk_rows(config, 21, 9, 309, budget_bytes=1) == 1
+    assert parsing.cache_bytes(config, 5, 7, src_len=9, cache_len=13) == 3 * 5 * 7 * 22 * 36 * 4
+    per_sentence = parsing.cache_bytes(config, 1, 21, src_len=9, cache_len=309)
+    assert parsing.chunk_rows(config, 21, 9, 309, budget_bytes=3 * per_sentence + 1) == 3
+    assert parsing.chunk_rows(config, 21, 9, 309, budget_bytes=1) == 1
 
 
 @pytest.mark.parametrize("beam_size", [1, 3])
@@ -69,8 +70,8 @@ def test_decode_split_matches_one_sentence_at_a_time(beam_size):
     rng = np.random.default_rng(0)
     sources = [list(rng.integers(4, 37, size=n)) for n in (3, 20, 5, 17, 9, 3, 11)]
     batches = _batches(sources, padded_len=40, batch_size=3)
-    budget = parsing_eval.cache_bytes(config, 2, beam_size, src_len=16, cache_len=16 + 13)
-    got = parsing_eval.decode_split(params, config, _IdsTokenizer(), batches, beam_size=beam_size,
+    budget = parsing.cache_bytes(config, 2, beam_size, src_len=16, cache_len=16 + 13)
+    got = parsing.decode_split(params, config, _IdsTokenizer(), batches, beam_size=beam_size,
                                     alpha=0.3, max_extra_len=13, cache_budget_bytes=budget)
     want = []
     for ids in sources:  # each alone, in one padded width (one compiled program; limits use ids)
@@ -96,10 +97,10 @@ def test_beam21_with_input_plus_300_fits_the_cache_budget():
     batches = _batches(sources, padded_len=64, batch_size=3)
     budget = 4 * 2**20
     src_len = 64  # 62 tokens with EOS, rounded up to 16
-    rows = parsing_eval.chunk_rows(config, paper.PARSING_BEAM_SIZE, src_len, src_len + 300, budget)
+    rows = parsing.chunk_rows(config, paper.PARSING_BEAM_SIZE, src_len, src_len + 300, budget)
     assert 1 <= rows < 3  # the budget forces chunks ...
-    assert parsing_eval.cache_bytes(config, rows, 21, src_len, src_len + 300) <= budget  # ... that fit
-    outputs = parsing_eval.decode_split(
+    assert parsing.cache_bytes(config, rows, 21, src_len, src_len + 300) <= budget  # ... that fit
+    outputs = parsing.decode_split(
         params, config, _IdsTokenizer(), batches, beam_size=paper.PARSING_BEAM_SIZE,
         alpha=paper.PARSING_LENGTH_PENALTY_ALPHA, max_extra_len=paper.PARSING_MAX_EXTRA_LEN,
         cache_budget_bytes=budget)
@@ -117,7 +118,7 @@ def _report(**overrides):
 def test_table4_comparison_sample_is_not_comparable():
     data = default_data_config(source="ptb", dir="x", ptb_train_files="0001-0159",
                                ptb_dev_files="0160-0179", ptb_test_files="0180-0199")
-    table = parsing_eval.table4_comparison("ptb_sample", data, "test", _report(), train_trees=3396)
+    table = parsing.table4_comparison("ptb_sample", data, "test", _report(), train_trees=3396)
     assert "| F1 (EVALB, COLLINS.prm) | 81.23 | 91.3 |" in table
     assert "| right-branching baseline F1 | 17.50 |" in table
     assert "| repaired outputs | 3 of 245 |" in table
@@ -129,10 +130,10 @@ def test_table4_comparison_sample_is_not_comparable():
 
 def test_table4_comparison_wsj_setup_is_comparable():
     data = default_data_config(source="ptb", dir="x")  # 02-21 / 22 / 23
-    assert parsing_eval.is_paper_setup(data)
-    table = parsing_eval.table4_comparison("wsj_parsing", data, "test", _report())
+    assert parsing.is_paper_setup(data)
+    table = parsing.table4_comparison("wsj_parsing", data, "test", _report())
     assert "comparable with 91.3" in table and "Not comparable" not in table
-    dev = parsing_eval.table4_comparison("wsj_parsing", data, "dev", _report())
+    dev = parsing.table4_comparison("wsj_parsing", data, "dev", _report())
     assert "Not comparable" in dev  # section 22 is not Table 4's test set
 
 
@@ -151,7 +152,7 @@ TINY_PARSING = {
 
 def test_synthetic_trees_train_final_report_and_evaluate_py(tmp_path, capsys):
     workdir = str(tmp_path / "run")
-    final = train_lib.train_and_evaluate(config_with(TINY_PARSING), workdir)
+    final = loop.train_and_evaluate(config_with(TINY_PARSING), workdir)
     printed = capsys.readouterr().out
     for key in ("test_f1", "test_precision", "test_recall", "test_exact_match",
                 "test_right_branching_f1", "test_ppl", "dev_f1"):

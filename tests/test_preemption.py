@@ -1,4 +1,4 @@
-"""Tests for transformer_jax.preemption: SIGTERM / SIGINT become "save and stop", agreed across hosts."""
+"""Tests for transformer_jax.training.preemption: SIGTERM / SIGINT become "save and stop", agreed by hosts."""
 
 import os
 import signal
@@ -7,8 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from transformer_jax import preemption
-from transformer_jax.preemption import PreemptionGuard
+from transformer_jax.training import preemption
+from transformer_jax.training.preemption import PreemptionGuard
 
 
 def test_preemption_guard_sigterm_sets_flag_and_restores_handlers():

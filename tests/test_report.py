@@ -1,9 +1,9 @@
-"""Tests for transformer_jax.report: the paper-comparison table."""
+"""Tests for transformer_jax.evaluation.paper_tables: the paper-comparison table."""
 
 import ml_collections
 import pytest
 
-from transformer_jax import bleu, paper, report
+from transformer_jax.evaluation import bleu, paper, paper_tables
 
 RESULTS = {"tokenized_bleu": 26.91, "sacrebleu": 25.87, "ppl": 4.97, "step": 100_000, "num_sentences": 3003}
 
@@ -18,7 +18,7 @@ def _row(table: str, metric: str) -> list[str]:
 
 
 def test_en_de_base_test_uses_table2():
-    table = report.paper_comparison_table("wmt14_en_de_base", "test", RESULTS)
+    table = paper_tables.paper_comparison_table("wmt14_en_de_base", "test", RESULTS)
     assert "Table 2" in table and "newstest2014" in table
     bleu_row = _row(table, "BLEU, tokenized")
     assert bleu_row[1:3] == ["26.91", "27.3"]
@@ -31,7 +31,7 @@ def test_en_de_base_test_uses_table2():
 
 
 def test_en_de_base_dev_uses_table3():
-    table = report.paper_comparison_table("wmt14_en_de_base", "dev", RESULTS)
+    table = paper_tables.paper_comparison_table("wmt14_en_de_base", "dev", RESULTS)
     assert "Table 3" in table and "newstest2013" in table
     assert _row(table, "BLEU, tokenized")[1:3] == ["26.91", "25.8"]
     assert _row(table, "perplexity")[1:3] == ["4.97", "4.92"]
@@ -39,7 +39,7 @@ def test_en_de_base_dev_uses_table3():
 
 
 def test_en_fr_big_inconsistency_is_flagged():
-    table = report.paper_comparison_table("wmt14_en_fr_big", "test", RESULTS)
+    table = paper_tables.paper_comparison_table("wmt14_en_fr_big", "test", RESULTS)
     assert _row(table, "BLEU, tokenized")[2] == "41.8 †"
     flag = [line for line in table.splitlines() if line.startswith("†")]
     assert flag == [f"† Inconsistent paper figure: {paper.TABLE2['big'].note}"]
@@ -49,22 +49,23 @@ def test_en_fr_big_inconsistency_is_flagged():
 
 
 def test_en_de_big():
-    table = report.paper_comparison_table("wmt14_en_de_big", "test", RESULTS)
+    table = paper_tables.paper_comparison_table("wmt14_en_de_big", "test", RESULTS)
     assert _row(table, "BLEU, tokenized")[2] == "28.4"
     assert "†" not in table
-    assert _row(report.paper_comparison_table("wmt14_en_de_big", "dev", RESULTS), "perplexity")[2] == "4.33"
+    table = paper_tables.paper_comparison_table("wmt14_en_de_big", "dev", RESULTS)
+    assert _row(table, "perplexity")[2] == "4.33"
 
 
 @pytest.mark.parametrize("name", ["C-dmodel256", "table3/C-dmodel256"])
 def test_table3_row_names_resolve(name):
-    table = report.paper_comparison_table(name, "dev", RESULTS)
+    table = paper_tables.paper_comparison_table(name, "dev", RESULTS)
     assert "row 'C-dmodel256'" in table
     assert _row(table, "BLEU, tokenized")[2] == "24.5"
     assert _row(table, "perplexity")[2] == "5.75"
 
 
 def test_every_table3_row_resolves_to_its_own_row():
-    references = {row.name: report.paper_reference(f"table3/{row.name}", "dev") for row in paper.TABLE3}
+    references = {row.name: paper_tables.paper_reference(f"table3/{row.name}", "dev") for row in paper.TABLE3}
     assert all(f"row {name!r}" in ref.source for name, ref in references.items())
     # 20 rows, 19 distinct figures: A-heads32 and B-dk32 both print PPL 5.01, BLEU 25.4.
     assert len({(ref.ppl, ref.bleu) for ref in references.values()}) == 19
@@ -73,16 +74,16 @@ def test_every_table3_row_resolves_to_its_own_row():
 
 
 def test_table3_base_and_big_map_to_table2_on_test():
-    assert report.paper_reference("table3/base", "test").bleu == 27.3
-    assert report.paper_reference("big", "test").bleu == 28.4
-    assert report.paper_reference("C-dmodel256", "test") is None
-    assert "use split 'dev'" in report.paper_comparison_table("C-dmodel256", "test", RESULTS)
+    assert paper_tables.paper_reference("table3/base", "test").bleu == 27.3
+    assert paper_tables.paper_reference("big", "test").bleu == 28.4
+    assert paper_tables.paper_reference("C-dmodel256", "test") is None
+    assert "use split 'dev'" in paper_tables.paper_comparison_table("C-dmodel256", "test", RESULTS)
 
 
 @pytest.mark.parametrize("name, split", [("default", "test"), ("multi30k", "dev"), ("wmt14_en_fr_big", "dev"),
                                          ("table3/no-such-row", "dev")])
 def test_no_paper_row(name, split):
-    table = report.paper_comparison_table(name, split, RESULTS)
+    table = paper_tables.paper_comparison_table(name, split, RESULTS)
     assert "| paper |" in table and f"{name!r}" in table
     assert all(cells[2] == "—" for cells in (_row(table, m) for m in ("BLEU", "sacreBLEU", "perplexity")))
     assert _row(table, "BLEU, tokenized")[1:3] == ["26.91", "—"]
@@ -91,18 +92,18 @@ def test_no_paper_row(name, split):
 
 def test_missing_results_and_bleu_result_objects():
     result = bleu.tokenized_bleu(["the cat sat on the mat"], ["the cat sat on the mat"], "en")
-    table = report.paper_comparison_table("wmt14_en_de_base", "test",
+    table = paper_tables.paper_comparison_table("wmt14_en_de_base", "test",
                                           {"tokenized_bleu": result, "sacrebleu": result.to_dict()})
     assert _row(table, "BLEU, tokenized")[1] == "100.00"
     assert _row(table, "sacreBLEU")[1] == "100.00"
     assert _row(table, "training steps")[1] == "—"
-    empty = report.paper_comparison_table("wmt14_en_de_base", "test", {})
+    empty = paper_tables.paper_comparison_table("wmt14_en_de_base", "test", {})
     assert _row(empty, "BLEU, tokenized")[1:3] == ["—", "27.3"]
 
 
 def test_unknown_split_raises():
     with pytest.raises(ValueError, match="split='valid'"):
-        report.paper_comparison_table("wmt14_en_de_base", "valid", RESULTS)
+        paper_tables.paper_comparison_table("wmt14_en_de_base", "valid", RESULTS)
 
 
 def test_final_summary_puts_each_score_beside_its_yardstick():
@@ -111,7 +112,7 @@ def test_final_summary_puts_each_score_beside_its_yardstick():
         "data": {"source": "text", "src_lang": "en", "tgt_lang": "de"}})
     final = {"step": 900, "averaged_checkpoints": 5, "test_sacrebleu": 33.333, "test_multi30k_bleu": 38.76,
              "test_ppl": 4.5, "dev_bleu": 37.0}
-    table = report.final_summary(final, config)
+    table = paper_tables.final_summary(final, config)
     rows = {line.split("|")[1].strip(): line.split("|")[2:4] for line in table.splitlines()
             if line.startswith("| ") and "measure" not in line}
     assert rows["BLEU, sacreBLEU (13a, cased)"][0].strip() == "33.33"
@@ -121,6 +122,6 @@ def test_final_summary_puts_each_score_beside_its_yardstick():
     assert "BLEU, the paper's tokenized compound-split" not in rows  # absent numbers are left out
     assert "step 900" in table and "5 checkpoints" in table
     synthetic = ml_collections.ConfigDict({**config.to_dict(), "data": {"source": "synthetic"}})
-    table = report.final_summary({"test_sacrebleu": 80.0, "test_sacrebleu_copy_baseline": 0.08,
+    table = paper_tables.final_summary({"test_sacrebleu": 80.0, "test_sacrebleu_copy_baseline": 0.08,
                                   "test_sacrebleu_lexicon_baseline": 11.2}, synthetic)
     assert "copy baseline 0.1" in table and "lexicon baseline 11.2" in table and "41.0" not in table

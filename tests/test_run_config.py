@@ -5,8 +5,9 @@ import os
 import pytest
 
 from configs import default as default_config
-from transformer_jax import run_config, train_lib
-from transformer_jax.errors import ConfigError, MissingFileError, UserError
+from transformer_jax import run_config
+from transformer_jax.runtime.errors import ConfigError, MissingFileError, UserError
+from transformer_jax.training import loop
 
 
 def test_model_config_from_takes_every_field_of_config_model():
@@ -115,5 +116,5 @@ def test_training_fails_on_a_missing_dev_file_before_training_a_tokenizer(tmp_pa
     config = _text_config(tmp_path, "val.de")
     workdir = tmp_path / "workdir"
     with pytest.raises(MissingFileError, match=r"val\.de"):
-        train_lib.train_and_evaluate(config, str(workdir))
+        loop.train_and_evaluate(config, str(workdir))
     assert not os.path.exists(workdir / "tokenizer")

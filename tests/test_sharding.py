@@ -1,4 +1,4 @@
-"""Tests for transformer_jax.sharding: mesh shapes, rule validation, logical names -> PartitionSpecs."""
+"""Tests for transformer_jax.runtime.sharding: mesh shapes, rule validation, logical names -> specs."""
 
 import jax
 import jax.numpy as jnp
@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec
 
-from transformer_jax import axes, sharding
-from transformer_jax.model import Transformer
-from transformer_jax.model_config import ModelConfig
+from transformer_jax.model import axes
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.runtime import sharding
 
 RULES = (("batch", "data"), ("length", None), ("embed", None), ("heads", "model"), ("kv", None),
          ("mlp", "model"), ("vocab", "model"))

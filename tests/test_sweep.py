@@ -11,8 +11,8 @@ import pytest
 from absl import flags
 
 from configs import table3, wmt14_en_de_base
-from transformer_jax import paper
-from transformer_jax.model_config import ModelConfig
+from transformer_jax.evaluation import paper
+from transformer_jax.model.config import ModelConfig
 from transformer_jax.run_config import validate_config
 from transformer_jax.sweep import __main__ as cli
 from transformer_jax.sweep import grid, launchers

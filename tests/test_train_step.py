@@ -13,10 +13,12 @@ import numpy as np
 import optax
 import pytest
 
-from transformer_jax import model as model_lib
-from transformer_jax import sharding, steps, train_lib, train_state
-from transformer_jax.model_config import ModelConfig
-from transformer_jax.special_ids import PAD_ID
+from transformer_jax.model import loss
+from transformer_jax.model import transformer as model_lib
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.special_ids import PAD_ID
+from transformer_jax.runtime import sharding
+from transformer_jax.training import loop, steps, train_state
 
 VOCAB, BATCH, SRC_LEN, TGT_LEN = 29, 6, 7, 5
 
@@ -42,9 +44,9 @@ def test_label_smoothed_loss_matches_explicit_one_hot_reference():
     targets[0, 3:] = 0
     targets[2, 1:] = 0
     for eps in (0.0, 0.1, 0.3):
-        sums = steps.cross_entropy_sums(jnp.asarray(logits), jnp.asarray(targets), eps)
-        loss, nll, count = _reference_smoothed_ce(logits, targets, eps)
-        np.testing.assert_allclose(sums["loss"], loss, rtol=1e-5)
+        sums = loss.cross_entropy_sums(jnp.asarray(logits), jnp.asarray(targets), eps)
+        want_loss, nll, count = _reference_smoothed_ce(logits, targets, eps)
+        np.testing.assert_allclose(sums["loss"], want_loss, rtol=1e-5)
         np.testing.assert_allclose(sums["nll"], nll, rtol=1e-5)
         assert float(sums["num_tokens"]) == count == 15 - 2 - 4
         argmax_hits = (logits.argmax(-1) == targets) & (targets != PAD_ID)  # no ties in random logits
@@ -53,7 +55,7 @@ def test_label_smoothed_loss_matches_explicit_one_hot_reference():
 
 def test_a_target_tied_for_the_largest_logit_counts_as_correct():
     logits = jnp.array([[[1.0, 3.0, 3.0, 0.0], [1.0, 3.0, 3.0, 0.0], [1.0, 3.0, 3.0, 0.0]]])
-    sums = steps.cross_entropy_sums(logits, jnp.array([[1, 2, 3]]), 0.0)
+    sums = loss.cross_entropy_sums(logits, jnp.array([[1, 2, 3]]), 0.0)
     assert float(sums["correct"]) == 2.0  # both tied maxima count; the smaller logit does not
 
 
@@ -61,8 +63,8 @@ def test_loss_ignores_padding_positions():
     rng = np.random.default_rng(1)
     logits = jnp.asarray(rng.normal(size=(1, 4, VOCAB)), jnp.float32)
     targets = jnp.array([[5, 6, 0, 0]])
-    a = steps.cross_entropy_sums(logits, targets, 0.1)
-    b = steps.cross_entropy_sums(logits.at[:, 2:].multiply(100.0), targets, 0.1)
+    a = loss.cross_entropy_sums(logits, targets, 0.1)
+    b = loss.cross_entropy_sums(logits.at[:, 2:].multiply(100.0), targets, 0.1)
     np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-6)
 
 
@@ -175,7 +177,7 @@ def test_non_finite_loss_reports_the_step():
             return "The last good checkpoint is step 5 in /tmp/ckpt."
 
     with pytest.raises(FloatingPointError, match="step 7"):
-        train_lib._check_and_summarize(sums, _Ckpt())
+        loop._check_and_summarize(sums, _Ckpt())
 
 
 def test_accumulated_metrics_keep_the_first_bad_step_and_add_the_sums():
@@ -183,9 +185,9 @@ def test_accumulated_metrics_keep_the_first_bad_step_and_add_the_sums():
             "num_tokens": jnp.float32(5.0), "bad_step": jnp.int32(steps.NO_BAD_STEP)}
     total = None
     for bad_step in (steps.NO_BAD_STEP, 9, 4, steps.NO_BAD_STEP):
-        total = steps.accumulate_metrics(total, {**good, "bad_step": jnp.int32(bad_step)})
+        total = loss.accumulate_metrics(total, {**good, "bad_step": jnp.int32(bad_step)})
     assert int(total["bad_step"]) == 4
-    summary = steps.summarize({k: v for k, v in total.items() if k != "bad_step"})
+    summary = loss.summarize({k: v for k, v in total.items() if k != "bad_step"})
     np.testing.assert_allclose([summary["loss"], summary["nll"], summary["accuracy"]],
                                [12 / 20, 8 / 20, 4 / 20], rtol=1e-6)
     np.testing.assert_allclose(summary["ppl"], np.exp(0.4), rtol=1e-6)
@@ -206,8 +208,9 @@ SHARDED_SCRIPT = textwrap.dedent("""
     import json, sys
     import jax, numpy as np, optax
     jax.config.update("jax_default_matmul_precision", "highest")
-    from transformer_jax import sharding, steps, train_state
-    from transformer_jax.model_config import ModelConfig
+    from transformer_jax.runtime import sharding
+    from transformer_jax.training import steps, train_state
+    from transformer_jax.model.config import ModelConfig
     assert jax.device_count() == 8, jax.devices()
     cfg = ModelConfig(vocab_size=32, d_model=16, d_ff=24, num_heads=4, num_encoder_layers=1,
                                 num_decoder_layers=1, dropout_rate=0.0, max_len=16)

@@ -1,4 +1,4 @@
-"""Tests for transformer_jax.workdir_lock: one run per workdir, stale and killed holders."""
+"""Tests for transformer_jax.training.workdir_lock: one run per workdir, stale and killed holders."""
 
 import json
 import logging
@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 
-from transformer_jax import workdir_lock
-from transformer_jax.workdir_lock import WorkdirLock
+from transformer_jax.training import workdir_lock
+from transformer_jax.training.workdir_lock import WorkdirLock
 
 
 def _lock_file(workdir) -> dict:

@@ -4,8 +4,9 @@ import jax
 import numpy as np
 
 from configs import default as default_config
-from transformer_jax import restore, run_config
-from transformer_jax.checkpoint import Checkpointer
+from transformer_jax import run_config
+from transformer_jax.checkpoints import restore
+from transformer_jax.checkpoints.manager import Checkpointer
 
 
 def config_with(overrides: dict):

@@ -10,10 +10,11 @@ says which vocabulary each printed count implies.
 
 from __future__ import annotations
 
-from absl import app, flags
+from absl import flags
 
-from transformer_jax import errors, paper
-from transformer_jax.model_config import ModelConfig, param_count
+from transformer_jax.evaluation import paper
+from transformer_jax.model.config import ModelConfig, param_count
+from transformer_jax.runtime import errors
 
 
 def row_model_config(row: paper.Table3Row, vocab_size: int) -> ModelConfig:
@@ -60,8 +61,6 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     print(parameter_table(flags.FLAGS.vocab_size))
 
 

@@ -17,11 +17,12 @@ from typing import Any
 import jax
 import ml_collections
 
-from transformer_jax import bleu, sharding
 from transformer_jax import data as data_lib
 from transformer_jax.data.sources import check_input_files
-from transformer_jax.errors import ConfigError
-from transformer_jax.model_config import ModelConfig
+from transformer_jax.evaluation import bleu
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.runtime import sharding
+from transformer_jax.runtime.errors import ConfigError
 
 # config.final_eval_split: the split decoded and scored after training; "" skips it.
 FINAL_EVAL_SPLITS = ("dev", "test", "")

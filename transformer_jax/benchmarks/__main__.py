@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import json
 
-from absl import app, flags
+from absl import flags
 
-from transformer_jax import errors, host_memory, timing
 from transformer_jax.benchmarks import attention, decoding, presets, train_step
+from transformer_jax.runtime import errors, timing
 
 _TRAIN_PRESETS = flags.DEFINE_list(
     "train_presets", list(presets.TRAIN_PRESETS),
@@ -41,9 +41,6 @@ _ATTENTION_LENGTHS = flags.DEFINE_list(
 
 
 def main(argv: list[str]) -> None:
-    host_memory.keep_freed_memory()  # as train.py and evaluate.py run: see transformer_jax/host_memory.py
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     train_names = presets.check_names(_TRAIN_PRESETS.value, presets.TRAIN_PRESETS, "--train_presets")
     decode_names = presets.check_names(_DECODE_PRESETS.value, presets.DECODE_PRESETS, "--decode_presets")
     lengths = attention.parse_lengths(_ATTENTION_LENGTHS.value)

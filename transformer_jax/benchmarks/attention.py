@@ -21,11 +21,12 @@ import time
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags
+from absl import flags
 
-from transformer_jax import attention, errors, host_memory, timing
-from transformer_jax.blockwise_attention import blockwise_attention
-from transformer_jax.errors import ConfigError
+from transformer_jax.model import attention
+from transformer_jax.model.blockwise_attention import blockwise_attention
+from transformer_jax.runtime import errors, timing
+from transformer_jax.runtime.errors import ConfigError
 
 BATCH, NUM_HEADS, D_K = 1, 8, 64
 DEFAULT_LENGTHS = (256, 512, 1024, 2048, 4096, 8192)
@@ -136,9 +137,6 @@ def parse_lengths(values: list[str]) -> list[int]:
 
 
 def main(argv: list[str]) -> None:
-    host_memory.keep_freed_memory()  # as train.py and evaluate.py run: see transformer_jax/host_memory.py
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     values = flags.FLAGS
     run(parse_lengths(values.lengths), block_size=values.block_size, skip_timing=values.skip_timing,
         max_dense_seconds=values.max_dense_seconds)

@@ -15,13 +15,13 @@ import os
 import time
 from pathlib import Path
 
-from absl import app, flags
+from absl import flags
 
-from transformer_jax import errors
 from transformer_jax.data.batching import TrainIterator, tokenize_pairs
 from transformer_jax.data.config import default_data_config
 from transformer_jax.data.sources import get_source
 from transformer_jax.data.tokenizer import load_or_train_tokenizer
+from transformer_jax.runtime import errors
 
 _DEFAULT_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "multi30k"
 
@@ -43,8 +43,6 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     args = flags.FLAGS
     if not Path(args.data_dir).is_dir():
         raise FileNotFoundError(f"--data_dir={args.data_dir} is not a directory; pass the Multi30k text "

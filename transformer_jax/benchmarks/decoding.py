@@ -21,14 +21,16 @@ import time
 
 import jax
 import numpy as np
-from absl import app, flags
+from absl import flags
 
-from transformer_jax import decode, errors, flops, host_memory, paper, timing
 from transformer_jax.benchmarks import presets
-from transformer_jax.errors import ConfigError
-from transformer_jax.model import init_params
-from transformer_jax.model_config import ModelConfig
-from transformer_jax.special_ids import PAD_ID
+from transformer_jax.evaluation import decode, paper
+from transformer_jax.model import flops
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.special_ids import PAD_ID
+from transformer_jax.model.transformer import init_params
+from transformer_jax.runtime import errors, timing
+from transformer_jax.runtime.errors import ConfigError
 
 SEARCHES = ("greedy", "beam")
 
@@ -148,9 +150,6 @@ def _positive_ints(values: list[str] | None, flag: str) -> list[int] | None:
 
 
 def main(argv: list[str]) -> None:
-    host_memory.keep_freed_memory()  # as train.py and evaluate.py run: see transformer_jax/host_memory.py
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     values = flags.FLAGS
     names = presets.check_names(values.presets, presets.DECODE_PRESETS, "--presets")
     searches = presets.check_names(values.searches, dict.fromkeys(SEARCHES), "--searches")

@@ -15,9 +15,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from transformer_jax import paper
-from transformer_jax.errors import ConfigError
-from transformer_jax.model_config import ModelConfig
+from transformer_jax.evaluation import paper
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.runtime.errors import ConfigError
 
 MODELS: dict[str, dict[str, Any]] = {
     "tiny": dict(vocab_size=8000, d_model=256, d_ff=1024, num_heads=4, num_encoder_layers=3,

@@ -24,11 +24,12 @@ import tempfile
 import time
 
 import jax
-from absl import app, flags
+from absl import flags
 
-from transformer_jax import errors, host_memory, paper
 from transformer_jax.benchmarks import decoding, presets
-from transformer_jax.errors import MissingFileError
+from transformer_jax.evaluation import paper
+from transformer_jax.runtime import errors
+from transformer_jax.runtime.errors import MissingFileError
 
 _OP_SUFFIX = re.compile(r"\.\d+$")
 
@@ -136,9 +137,6 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 
 
 def main(argv: list[str]) -> None:
-    host_memory.keep_freed_memory()  # as train.py and evaluate.py run: see transformer_jax/host_memory.py
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     values = flags.FLAGS
     if values.trace_dir:
         rows = summarize(read_op_events(values.trace_dir, values.plane))

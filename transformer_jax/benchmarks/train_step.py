@@ -6,7 +6,7 @@ The step is the full one: dropout forward, label-smoothed loss, gradients, Adam 
 Throughput is non-pad target tokens per second of the median step (the batch is random tokens without
 padding, so that is batch x length). FLOPs come from XLA's cost analysis of the compiled step, with the
 analytic matmul count of ``flops.py`` beside them; MFU divides by the best run of the matmul peak
-(``transformer_jax.timing.matmul_peak``), and the record carries that peak. The ``big`` preset is too
+(``transformer_jax.runtime.timing.matmul_peak``), and the record carries that peak. The ``big`` preset is too
 slow to time on a CPU, so there it reports FLOPs only.
 """
 
@@ -19,15 +19,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from absl import app, flags
+from absl import flags
 from jax.sharding import NamedSharding, PartitionSpec
 
-from transformer_jax import errors, flops, host_memory, paper, sharding, steps, timing
 from transformer_jax.benchmarks import presets
-from transformer_jax.model import init_params
-from transformer_jax.model_config import ModelConfig
-from transformer_jax.special_ids import PAD_ID
-from transformer_jax.train_state import TrainState
+from transformer_jax.evaluation import paper
+from transformer_jax.model import flops
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.special_ids import PAD_ID
+from transformer_jax.model.transformer import init_params
+from transformer_jax.runtime import errors, sharding, timing
+from transformer_jax.training import steps
+from transformer_jax.training.train_state import TrainState
 
 DTYPES = ("float32", "bfloat16")
 
@@ -128,9 +131,6 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 
 
 def main(argv: list[str]) -> None:
-    host_memory.keep_freed_memory()  # as train.py and evaluate.py run: see transformer_jax/host_memory.py
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     values = flags.FLAGS
     names = presets.check_names(values.presets, presets.TRAIN_PRESETS, "--presets")
     peak = timing.matmul_peak(values.peak_repeats)

@@ -6,7 +6,7 @@
     eval_batches = make_eval_batches(data_config, tokenizer, 'dev')
 
 Parsing sources (`is_parsing(data_config)`) are `TreebankSource`s: `source.trees(split)` gives the
-gold trees aligned with `pairs(split)`, for `transformer_jax.parseval`.
+gold trees aligned with `pairs(split)`, for `transformer_jax.evaluation.evalb`.
 """
 
 from transformer_jax.data.batching import (

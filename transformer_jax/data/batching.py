@@ -42,7 +42,7 @@ import numpy as np
 from transformer_jax.data.config import validate_data_config
 from transformer_jax.data.sources import get_source
 from transformer_jax.data.tokenizer import Tokenizer
-from transformer_jax.special_ids import EOS_ID, PAD_ID
+from transformer_jax.model.special_ids import EOS_ID, PAD_ID
 
 # Pairs are tokenized this many at a time (bounds the memory of lazily read TFDS splits).
 _ENCODE_CHUNK = 65536

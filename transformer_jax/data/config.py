@@ -44,7 +44,7 @@ from typing import Any
 import ml_collections
 
 from transformer_jax.data.trees import parse_file_ranges
-from transformer_jax.errors import ConfigError
+from transformer_jax.runtime.errors import ConfigError
 
 SOURCES = ("synthetic", "text", "tfds", "ptb", "synthetic_trees")
 VOCAB_TYPES = ("bpe", "unigram")

@@ -17,7 +17,7 @@ from transformer_jax.data.batching import assign_buckets, bucket_batch_sizes, co
 from transformer_jax.data.config import validate_data_config
 from transformer_jax.data.sources import TextSource, get_source
 from transformer_jax.data.tokenizer import Tokenizer
-from transformer_jax.errors import ConfigError, DataError
+from transformer_jax.runtime.errors import ConfigError, DataError
 
 
 @dataclasses.dataclass(frozen=True)

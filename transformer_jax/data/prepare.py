@@ -38,7 +38,7 @@ from pathlib import Path
 
 from absl import flags
 
-from transformer_jax import errors
+from transformer_jax.runtime import errors
 
 _CHUNK = 1 << 16  # bytes per read and write
 

@@ -20,7 +20,7 @@ from typing import Any, Protocol, overload
 from transformer_jax.data.config import validate_data_config
 from transformer_jax.data.synthetic import SyntheticSource
 from transformer_jax.data.treebank import PARSING_SOURCES, TreebankSource
-from transformer_jax.errors import DataError, MissingFileError
+from transformer_jax.runtime.errors import DataError, MissingFileError
 
 SPLITS = ("train", "dev", "test")
 

@@ -4,7 +4,7 @@ The paper uses a shared source-target byte-pair encoding of about 37k tokens (WM
 We train one SentencePiece model on the TRAIN split's source and target sentences and cache it
 as `{workdir}/tokenizer/spm.model`, so resuming and evaluation reuse the exact same vocabulary.
 
-The special ids are fixed (``transformer_jax/special_ids.py``): the model, the loss and decoding rely
+The special ids are fixed (``transformer_jax/model/special_ids.py``): the model, the loss and decoding rely
 on them, and a model file with other ids is refused.
 
 Text is normalised by our sources (whitespace only) before it reaches SentencePiece, and the
@@ -28,7 +28,7 @@ import sentencepiece as spm
 
 from transformer_jax.data.config import validate_data_config
 from transformer_jax.data.sources import get_source
-from transformer_jax.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from transformer_jax.model.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 # Share of character occurrences the vocabulary must cover; rarer characters map to UNK.
 # SentencePiece's default 0.9995 would make digits and German quotes UNK on Multi30k, so we keep

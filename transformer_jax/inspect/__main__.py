@@ -3,17 +3,18 @@
     python -m transformer_jax.inspect --workdir DIR --sentence "The old teacher saw a red car." [--out OUT]
 
 Writes PNGs, tables, index.html (open it in a browser; works offline) and summary.md into the output
-folder and prints the summary. All logic is in transformer_jax.inspect.report and its sibling modules.
+folder and prints the summary. All logic is in transformer_jax.inspect.run_all and its sibling modules.
 """
 
 from __future__ import annotations
 
-from absl import app, flags
+from absl import flags
 
-from transformer_jax import errors, paper
-from transformer_jax.inspect import report
+from transformer_jax.evaluation import paper
+from transformer_jax.inspect import run_all
+from transformer_jax.runtime import errors
 
-_DEFAULTS = report.InspectOptions()
+_DEFAULTS = run_all.InspectOptions()
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A train.py workdir (its checkpoints, tokenizer and config).")
 _SENTENCE = flags.DEFINE_string(
@@ -56,14 +57,12 @@ for _name in ("d_ks", "lengths"):
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    options = report.InspectOptions(
+    options = run_all.InspectOptions(
         num_dev=_NUM_DEV.value, d_ks=tuple(int(d) for d in _D_KS.value),
         lengths=tuple(int(n) for n in _LENGTHS.value), block_size=_BLOCK_SIZE.value,
         repeats=_REPEATS.value, max_extra_len=_MAX_EXTRA_LEN.value, ablation=not _SKIP_ABLATION.value,
         benchmark=not _SKIP_BENCHMARK.value)
-    results = report.run(_WORKDIR.value, _SENTENCE.value, _OUT.value, step=_STEP.value, options=options)
+    results = run_all.run(_WORKDIR.value, _SENTENCE.value, _OUT.value, step=_STEP.value, options=options)
     print(results["summary"])
     print(f"\nOpen {results['out_dir']}/index.html")
 

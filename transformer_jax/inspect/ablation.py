@@ -13,9 +13,9 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.evaluation import perplexity
+from transformer_jax.checkpoints.restore import Restored
+from transformer_jax.evaluation.scoring import perplexity
 from transformer_jax.inspect import artifacts, forward
-from transformer_jax.restore import Restored
 
 WEIGHTS_ARE_NOT_EXPLANATIONS = (
     "An attention weight is a mixing coefficient, not an explanation: it says how much of a value vector "

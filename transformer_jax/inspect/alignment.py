@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from transformer_jax.checkpoints.restore import Restored
 from transformer_jax.data import synthetic
 from transformer_jax.inspect import forward
-from transformer_jax.restore import Restored
-from transformer_jax.special_ids import PAD_ID
+from transformer_jax.model.special_ids import PAD_ID
 
 GROUPS = ("all", "reordered", "first", "first_reordered")
 

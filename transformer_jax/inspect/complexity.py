@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax.inspect import artifacts
-from transformer_jax.model import MultiHeadAttention
-from transformer_jax.model_config import ModelConfig
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.transformer import MultiHeadAttention
 
 DEFAULT_LENGTHS = (32, 64, 128, 256, 512, 1024, 2048)
 

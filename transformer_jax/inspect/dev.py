@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from transformer_jax.checkpoints.restore import Restored
 from transformer_jax.inspect import forward, scaling
 from transformer_jax.inspect.heads import HeadStatistics
-from transformer_jax.restore import Restored
 
 
 @dataclasses.dataclass

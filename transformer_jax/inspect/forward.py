@@ -16,11 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax import data as data_lib
-from transformer_jax import decode, paper, restore
-from transformer_jax.model import Transformer
-from transformer_jax.model_config import ModelConfig
-from transformer_jax.restore import Restored
-from transformer_jax.special_ids import BOS_ID, EOS_ID, PAD_ID
+from transformer_jax.checkpoints import restore
+from transformer_jax.checkpoints.restore import Restored
+from transformer_jax.evaluation import decode, paper
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.special_ids import BOS_ID, EOS_ID, PAD_ID
+from transformer_jax.model.transformer import Transformer
 
 KINDS = ("encoder_self", "decoder_self", "cross")
 KIND_TITLES = {"encoder_self": "encoder self-attention", "decoder_self": "decoder masked self-attention",

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from transformer_jax import paper
+from transformer_jax.checkpoints.restore import Restored
+from transformer_jax.evaluation import paper
 from transformer_jax.inspect import artifacts, forward
-from transformer_jax.restore import Restored
-from transformer_jax.special_ids import BOS_ID
+from transformer_jax.model.special_ids import BOS_ID
 
 _AXIS_LABELS = {"encoder_self": ("query (source piece)", "key (source piece)"),
                 "decoder_self": ("query (piece it predicts)", "key (decoder input piece)"),

@@ -10,7 +10,7 @@ from typing import Any
 from transformer_jax.inspect import artifacts, forward
 from transformer_jax.inspect.ablation import WEIGHTS_ARE_NOT_EXPLANATIONS
 from transformer_jax.inspect.maps import SentenceMaps
-from transformer_jax.model_config import ModelConfig
+from transformer_jax.model.config import ModelConfig
 
 # (title, figure key, table key, results key of the rows shown inline or None) in ``results["files"]``.
 _SECTIONS = (

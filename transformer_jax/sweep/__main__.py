@@ -17,7 +17,8 @@ import sys
 
 from absl import app, flags
 
-from transformer_jax import errors, paper
+from transformer_jax.evaluation import paper
+from transformer_jax.runtime import errors
 from transformer_jax.sweep import grid, launchers, report
 
 COMMANDS = ("launch", "report", "params")

@@ -16,8 +16,8 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from transformer_jax import paper
-from transformer_jax.model_config import ModelConfig, param_count
+from transformer_jax.evaluation import paper
+from transformer_jax.model.config import ModelConfig, param_count
 from transformer_jax.run_config import validate_config
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

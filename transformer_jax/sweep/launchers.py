@@ -22,8 +22,8 @@ import subprocess
 import time
 from collections.abc import Sequence
 
-from transformer_jax import paper
-from transformer_jax.evaluation import BLEU_KEYS
+from transformer_jax.evaluation import paper
+from transformer_jax.evaluation.scoring import BLEU_KEYS
 from transformer_jax.sweep.grid import REPO_ROOT, Row, describe, format_value
 
 MANIFEST = "sweep.json"

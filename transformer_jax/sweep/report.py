@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from transformer_jax import paper
-from transformer_jax.model_config import ModelConfig, param_count
+from transformer_jax.evaluation import paper
+from transformer_jax.model.config import ModelConfig, param_count
 from transformer_jax.sweep.grid import Row, describe, format_value, load_config, table3_config_arg
 from transformer_jax.sweep.launchers import MANIFEST, RESULT, final_train_record, latest_dev_eval, result_from
 

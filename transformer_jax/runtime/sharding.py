@@ -15,7 +15,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from transformer_jax import axes
+from transformer_jax.model import axes
 
 MESH_AXES = ("data", "model")
 

@@ -15,9 +15,9 @@ import ml_collections
 import optax
 from flax import struct
 
-from transformer_jax import sharding
-from transformer_jax.model import Transformer
-from transformer_jax.model_config import ModelConfig
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.runtime import sharding
 
 
 @struct.dataclass

@@ -33,23 +33,27 @@ import optax
 from jax.experimental import multihost_utils
 
 from transformer_jax import data as data_lib
-from transformer_jax import evaluation, flops, parsing_eval, report, restore, sharding, steps, timing
-from transformer_jax.averaging import average_checkpoints
-from transformer_jax.checkpoint import Checkpointer
-from transformer_jax.checkpoint_checks import NonFiniteStateError
-from transformer_jax.metric_writer import MetricWriter
-from transformer_jax.model_config import ModelConfig
-from transformer_jax.preemption import Preempted, PreemptionGuard
+from transformer_jax.checkpoints import restore
+from transformer_jax.checkpoints.averaging import average_checkpoints
+from transformer_jax.checkpoints.integrity import NonFiniteStateError
+from transformer_jax.checkpoints.manager import Checkpointer
+from transformer_jax.evaluation import paper_tables, parsing, scoring
+from transformer_jax.model import flops, loss
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.special_ids import PAD_ID
 from transformer_jax.run_config import model_config_from, validate_config
-from transformer_jax.special_ids import PAD_ID
-from transformer_jax.train_state import (
+from transformer_jax.runtime import sharding, timing
+from transformer_jax.training import steps
+from transformer_jax.training.metric_writer import MetricWriter
+from transformer_jax.training.preemption import Preempted, PreemptionGuard
+from transformer_jax.training.train_state import (
     TrainState,
     abstract_state,
     create_train_state,
     make_optimizer,
     schedule_from_config,
 )
-from transformer_jax.workdir_lock import WorkdirLock
+from transformer_jax.training.workdir_lock import WorkdirLock
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,18 +135,18 @@ def evaluate_dev(trainer: Trainer, params) -> dict[str, float]:
     if jax.process_count() > 1:
         return {}
     config = trainer.config
-    metrics = evaluation.perplexity(params, trainer.model_config, trainer.dev_batches,
+    metrics = scoring.perplexity(params, trainer.model_config, trainer.dev_batches,
                                     label_smoothing=config.train.label_smoothing)
     results = {f"dev_{k}": v for k, v in metrics.items()}
     if config.eval_bleu_examples and data_lib.is_parsing(config.data):  # greedy dev F1, not BLEU
-        results.update(parsing_eval.dev_scores(
+        results.update(parsing.dev_scores(
             params, trainer.model_config, trainer.tokenizer, config.data, trainer.dev_bleu_batches,
             max_extra_len=config.final_max_extra_len))
     elif config.eval_bleu_examples:
-        scores = evaluation.translate_and_score(
+        scores = scoring.translate_and_score(
             params, trainer.model_config, trainer.tokenizer, trainer.dev_bleu_batches,
             beam_size=1, max_extra_len=config.final_max_extra_len, target_lang=config.data.tgt_lang)
-        results["dev_bleu"] = scores[evaluation.BLEU_KEYS[config.dev_bleu_protocol]]
+        results["dev_bleu"] = scores[scoring.BLEU_KEYS[config.dev_bleu_protocol]]
     return results
 
 
@@ -186,7 +190,7 @@ def train_loop(trainer: Trainer, state: TrainState, train_iter: data_lib.TrainIt
             local = next(train_iter)
             state, step_sums = trainer.train_step(state, sharding.global_batch(local, mesh))
             step += 1
-            sums = steps.accumulate_metrics(sums, step_sums)
+            sums = loss.accumulate_metrics(sums, step_sums)
             (batch, src_len), tgt_len = local["inputs"].shape, local["targets"].shape[1]
             interval_flops += flops.train_step_flops(
                 trainer.model_config, batch * jax.process_count(), src_len, tgt_len)
@@ -277,7 +281,7 @@ def _train_locked(config: ml_collections.ConfigDict, workdir: str, guard: Preemp
         with open(path, "w") as f:
             json.dump(final, f, indent=1, default=str)
         if config.final_eval_split:
-            print(report.final_summary(final, config))
+            print(paper_tables.final_summary(final, config))
         print(f"All final numbers: {path}")
     return final
 
@@ -302,7 +306,7 @@ def _final_evaluation(trainer: Trainer, state: TrainState, step: int, started: f
     with jax.set_mesh(trainer.mesh), nn.logical_axis_rules(trainer.rules):
         final.update(evaluate_dev(trainer, params))
     if config.final_eval_split and jax.process_count() == 1:
-        final.update(evaluation.final_report(
+        final.update(scoring.final_report(
             params, trainer.model_config, trainer.tokenizer, config.data,
             split=config.final_eval_split, beam_size=config.final_beam_size, alpha=config.final_alpha,
             max_extra_len=config.final_max_extra_len))
@@ -321,4 +325,4 @@ def _check_and_summarize(sums: dict, ckpt: Checkpointer) -> dict[str, float]:
         raise NonFiniteStateError(
             f"non-finite training loss at step {bad_step}; stopping. {ckpt.last_good_message()} Lower the "
             "learning rate (train.learning_rate_scale) or check the data, then run again to resume from it.")
-    return steps.summarize({k: v for k, v in sums.items() if k != "bad_step"})
+    return loss.summarize({k: v for k, v in sums.items() if k != "bad_step"})

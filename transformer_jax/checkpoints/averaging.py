@@ -16,10 +16,10 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from transformer_jax import checkpoint_checks as checks
-from transformer_jax.checkpoint import STATE_ITEM, Checkpointer
-from transformer_jax.errors import short_error
-from transformer_jax.sharding import with_default_sharding
+from transformer_jax.checkpoints import integrity as checks
+from transformer_jax.checkpoints.manager import STATE_ITEM, Checkpointer
+from transformer_jax.runtime.errors import short_error
+from transformer_jax.runtime.sharding import with_default_sharding
 
 _log = logging.getLogger(__name__)
 

@@ -35,14 +35,14 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from transformer_jax import checkpoint_checks as checks
-from transformer_jax.checkpoint_checks import (
+from transformer_jax.checkpoints import integrity as checks
+from transformer_jax.checkpoints.integrity import (
     CheckpointMismatchError,
     NonFiniteStateError,
     NoUsableCheckpointError,
 )
-from transformer_jax.errors import MissingFileError, short_error
-from transformer_jax.sharding import with_default_sharding
+from transformer_jax.runtime.errors import MissingFileError, short_error
+from transformer_jax.runtime.sharding import with_default_sharding
 
 _log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class Checkpointer:
                     "Removed %d unfinished checkpoint save(s) left by an interrupted run in %s: %s",
                     len(removed), self.directory, ", ".join(removed))
         if not read_only and jax.process_count() > 1:
-            multihost_utils.sync_global_devices("transformer_jax.checkpoint.cleanup")
+            multihost_utils.sync_global_devices("transformer_jax.checkpoints.manager.cleanup")
 
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep,
@@ -329,7 +329,7 @@ class Checkpointer:
                 except OSError as e:
                     _log.warning("Could not move damaged checkpoint %s aside: %s", src, short_error(e))
         if jax.process_count() > 1:
-            multihost_utils.sync_global_devices("transformer_jax.checkpoint.quarantine")
+            multihost_utils.sync_global_devices("transformer_jax.checkpoints.manager.quarantine")
         self._manager.reload()
 
     def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, dict, dict, int]:

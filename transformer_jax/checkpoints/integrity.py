@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.errors import UserError
+from transformer_jax.runtime.errors import UserError
 
 DIGEST_FORMAT = 1  # bump when state_digest changes; older digests are then not compared
 _GOLDEN = np.uint32(0x9E3779B1)

@@ -18,6 +18,8 @@ from typing import Any
 
 from absl import app
 
+from transformer_jax.runtime import host_memory
+
 TRACEBACK_ENV = "TRANSFORMER_JAX_TRACEBACK"
 
 
@@ -69,5 +71,18 @@ def short_errors(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]
 
 
 def run_main(main: Callable[[list[str]], Any]) -> None:
-    """``absl.app.run(main)`` where user errors print one or two lines and exit 1 (see module doc)."""
-    app.run(short_errors(main))
+    """``absl.app.run(main)`` for every entry point: the one opening all ``main`` functions share.
+
+    Before ``main`` runs: glibc's malloc keeps freed memory (``host_memory``, before jax starts its
+    threads) and stray positional arguments are a usage error. User errors print one or two lines and
+    exit 1 (see the module docstring).
+    """
+
+    def opened(argv: list[str]) -> Any:
+        host_memory.keep_freed_memory()
+        if len(argv) > 1:
+            raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+        return main(argv)
+
+    opened.__doc__ = main.__doc__
+    app.run(short_errors(opened))

@@ -27,10 +27,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import attention, blockwise_attention
-from transformer_jax.axes import BATCH, EMBED, HEADS, KV, LENGTH, MLP, VOCAB
-from transformer_jax.model_config import ModelConfig
-from transformer_jax.special_ids import BOS_ID
+from transformer_jax.model import attention, blockwise_attention
+from transformer_jax.model.axes import BATCH, EMBED, HEADS, KV, LENGTH, MLP, VOCAB
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.special_ids import BOS_ID
 
 Array = jax.Array
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-from transformer_jax.errors import ConfigError, MissingFileError, UserError
+from transformer_jax.runtime.errors import ConfigError, MissingFileError, UserError
 
 SPLITS = ("dev", "test")
 

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.special_ids import PAD_ID
+from transformer_jax.model.special_ids import PAD_ID
 
 Array = jax.Array
 

@@ -30,10 +30,10 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from transformer_jax import paper
-from transformer_jax.model import Transformer, shift_right
-from transformer_jax.model_config import ModelConfig
-from transformer_jax.special_ids import BOS_ID, EOS_ID, PAD_ID
+from transformer_jax.evaluation import paper
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.special_ids import BOS_ID, EOS_ID, PAD_ID
+from transformer_jax.model.transformer import Transformer, shift_right
 
 Array = jax.Array
 NEG_INF = -1.0e7  # log(0) stand-in: finite, so sums, divisions and comparisons never make NaN

@@ -7,7 +7,7 @@ takes gradients with respect to both activations and weights).
 
 from __future__ import annotations
 
-from transformer_jax.model_config import ModelConfig
+from transformer_jax.model.config import ModelConfig
 
 
 def _per_position(cfg: ModelConfig) -> tuple[int, int]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from transformer_jax import paper
+from transformer_jax.evaluation import paper
 from transformer_jax.inspect import (
     ablation,
     alignment,
@@ -29,7 +29,7 @@ from transformer_jax.inspect import (
     positions,
     scaling,
 )
-from transformer_jax.model_config import ModelConfig
+from transformer_jax.model.config import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)

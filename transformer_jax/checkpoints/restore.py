@@ -18,18 +18,18 @@ from typing import Any
 import ml_collections
 
 from transformer_jax import data as data_lib
-from transformer_jax.checkpoint import Checkpointer
-from transformer_jax.checkpoint_checks import (
+from transformer_jax.checkpoints.integrity import (
     CheckpointMismatchError,
     TokenizerMismatchError,
     first_few,
     model_differences,
 )
+from transformer_jax.checkpoints.manager import Checkpointer
 from transformer_jax.data.tokenizer import Tokenizer, tokenizer_file
-from transformer_jax.errors import MissingFileError
-from transformer_jax.model_config import ModelConfig
+from transformer_jax.model.config import ModelConfig
 from transformer_jax.run_config import model_config_from
-from transformer_jax.train_state import TrainState, abstract_train_state, make_optimizer
+from transformer_jax.runtime.errors import MissingFileError
+from transformer_jax.training.train_state import TrainState, abstract_train_state, make_optimizer
 
 
 @dataclasses.dataclass(frozen=True)

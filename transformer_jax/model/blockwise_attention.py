@@ -1,6 +1,7 @@
 """Blockwise (FlashAttention-style) scaled dot-product attention in pure JAX.
 
-Computes exactly what :func:`transformer_jax.attention.dot_product_attention` computes (same shapes, same
+Computes exactly what :func:`transformer_jax.model.attention.dot_product_attention` computes (same shapes,
+same
 mask convention: boolean, True = may attend; a query row with no allowed key gives a zero output with zero
 gradients), without ever materialising the [q_len, kv_len] logits:
 

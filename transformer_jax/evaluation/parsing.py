@@ -7,7 +7,7 @@ decoder and checkpoints are the translation ones. What differs is here:
   ``final_max_extra_len`` (the paper: 21, 0.3, input + 300). Sentences are regrouped by source
   length and decoded in chunks whose key/value cache fits ``cache_budget_bytes`` (see
   ``cache_bytes``), so beam 21 with a 300-token allowance does not exhaust memory;
-- scoring: ``parseval.parsing_report`` (EVALB with COLLINS.prm, outputs repaired and counted, the
+- scoring: ``evalb.parsing_report`` (EVALB with COLLINS.prm, outputs repaired and counted, the
   right-branching baseline scored the same way) instead of BLEU;
 - the report: this run beside the paper's Table 4 (``paper.TABLE4``), with a plain statement of
   when the numbers are not comparable.
@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 
 from transformer_jax import data as data_lib
-from transformer_jax import decode, paper, parseval
-from transformer_jax.model_config import ModelConfig
-from transformer_jax.special_ids import PAD_ID
+from transformer_jax.evaluation import decode, evalb, paper
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.special_ids import PAD_ID
 
 # Upper bound on one decode call's key/value cache (the while loop keeps about two copies alive).
 CACHE_BUDGET_BYTES = 512 * 2**20
@@ -111,7 +111,7 @@ def decode_split(params, model_config: ModelConfig, tokenizer, batches, *, beam_
 def score_batches(params, model_config: ModelConfig, tokenizer, data_config, split: str, batches, *,
                   beam_size: int, alpha: float, max_extra_len: int,
                   cache_budget_bytes: int = CACHE_BUDGET_BYTES) -> dict[str, Any]:
-    """``parseval.parsing_report`` of the decoded ``batches`` of ``split`` against the gold trees.
+    """``evalb.parsing_report`` of the decoded ``batches`` of ``split`` against the gold trees.
 
     Returns the report (``f1``, ``precision``, ``recall``, ``exact_match`` in percent; ``scored``,
     ``errors``, ``skipped``, ``repaired`` counts; ``right_branching_f1``) plus ``outputs`` (decoded
@@ -122,7 +122,7 @@ def score_batches(params, model_config: ModelConfig, tokenizer, data_config, spl
     gold = [trees[i] for i in indices]
     outputs = decode_split(params, model_config, tokenizer, batches, beam_size=beam_size, alpha=alpha,
                            max_extra_len=max_extra_len, cache_budget_bytes=cache_budget_bytes)
-    report = parseval.parsing_report(outputs, gold)
+    report = evalb.parsing_report(outputs, gold)
     return {**report, "outputs": outputs, "sources": [" ".join(t.words()) for t in gold],
             "gold": [str(t) for t in gold]}
 
@@ -210,7 +210,7 @@ def table4_comparison(config_name: str, data_config, split: str, report: dict,
       config_name: the run's ``config.name``.
       data_config: the run's ``config.data`` (its source and file ranges decide comparability).
       split: the scored split.
-      report: ``parseval.parsing_report``'s keys (``f1`` ... ``right_branching_f1``).
+      report: ``evalb.parsing_report``'s keys (``f1`` ... ``right_branching_f1``).
       train_trees: how many training trees the run had, if known.
     """
     paper_f1 = paper.TABLE4_TRANSFORMER_F1["wsj_only"]

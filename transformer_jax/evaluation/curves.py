@@ -1,6 +1,7 @@
 """Learning curves of training runs: dev BLEU and dev loss against wall-clock minutes, as one PNG.
 
-    python -m transformer_jax.curves --workdirs=runs/m30k,runs/m30k_de_en --out=docs/multi30k_curves.png
+    python -m transformer_jax.evaluation.curves --workdirs=runs/m30k,runs/m30k_de_en \
+        --out=docs/multi30k_curves.png
 
 Reads each workdir's ``metrics.jsonl`` (written by ``train.py``): rows with ``dev_bleu`` or ``dev_loss``
 are plotted against the minutes since the run's first row, so resumed runs show their real wall time.
@@ -14,7 +15,7 @@ from collections.abc import Sequence
 
 from absl import app, flags
 
-from transformer_jax.errors import MissingFileError, run_main
+from transformer_jax.runtime.errors import MissingFileError, run_main
 
 CURVES = ("dev_bleu", "dev_loss")  # the panels, left to right
 

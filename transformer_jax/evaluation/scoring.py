@@ -15,14 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from transformer_jax import bleu, decode, evaluate_args, paper, parsing_eval, report, steps
 from transformer_jax import data as data_lib
-from transformer_jax.averaging import average_checkpoints
-from transformer_jax.checkpoint import Checkpointer
+from transformer_jax.checkpoints.averaging import average_checkpoints
+from transformer_jax.checkpoints.manager import Checkpointer
+from transformer_jax.checkpoints.restore import Restored, restore_workdir
 from transformer_jax.data.sources import read_parallel_numbered
-from transformer_jax.errors import ConfigError
-from transformer_jax.model_config import ModelConfig
-from transformer_jax.restore import Restored, restore_workdir
+from transformer_jax.evaluation import bleu, decode, evaluate_args, paper, paper_tables, parsing
+from transformer_jax.model import loss
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.runtime.errors import ConfigError
 
 
 def perplexity(params, model_config: ModelConfig, batches, *, label_smoothing: float = 0.0) -> dict:
@@ -34,11 +35,11 @@ def perplexity(params, model_config: ModelConfig, batches, *, label_smoothing: f
       batches: ``data.EvalBatch`` items with int32[B, S] ``inputs`` and int32[B, T] ``targets``.
       label_smoothing: eps_ls for the reported ``loss``; ``nll`` and ``ppl`` never smooth.
     """
-    fn = steps.make_eval_step(model_config, float(label_smoothing))
+    fn = loss.make_eval_step(model_config, float(label_smoothing))
     sums = None
     for b in batches:
-        sums = steps.accumulate_metrics(sums, fn(params, {"inputs": b.inputs, "targets": b.targets}))
-    return steps.summarize(sums)
+        sums = loss.accumulate_metrics(sums, fn(params, {"inputs": b.inputs, "targets": b.targets}))
+    return loss.summarize(sums)
 
 
 def _in_split_order(batches, per_batch_items) -> list:
@@ -112,8 +113,8 @@ def final_report(params, model_config: ModelConfig, tokenizer, data_config, *, s
     """
     batches = data_lib.make_eval_batches(data_config, tokenizer, split)
     ppl = perplexity(params, model_config, batches)
-    if data_lib.is_parsing(data_config):  # F1 against gold trees, not BLEU (parsing_eval.py)
-        return {f"{split}_ppl": ppl["ppl"], **parsing_eval.final_report(
+    if data_lib.is_parsing(data_config):  # F1 against gold trees, not BLEU (parsing.py)
+        return {f"{split}_ppl": ppl["ppl"], **parsing.final_report(
             params, model_config, tokenizer, data_config, batches, split=split, beam_size=beam_size,
             alpha=alpha, max_extra_len=max_extra_len)}
     scores = translate_and_score(params, model_config, tokenizer, batches, beam_size=beam_size,
@@ -174,7 +175,7 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
                      overwrite: bool = False) -> dict[str, Any]:
     """Restores a training workdir and scores it: PPL, sacreBLEU, tokenized BLEU, paper table.
 
-    A parsing run (``data.is_parsing``) is scored by ``parsing_eval.evaluate_restored`` instead:
+    A parsing run (``data.is_parsing``) is scored by ``parsing.evaluate_restored`` instead:
     EVALB F1, precision, recall, exact match, repairs, the right-branching baseline and Table 4.
 
     Writes the translations to ``<output_dir>/<name>-<step>.txt`` and the numbers to
@@ -212,8 +213,8 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
     split, batches = _split_batches(config.data, tokenizer, split, source_file, reference_file,
                                     max_length)
     ppl = perplexity(params, model_config, batches)
-    if data_lib.is_parsing(config.data):  # F1 and Table 4, not BLEU (parsing_eval.py)
-        return parsing_eval.evaluate_restored(
+    if data_lib.is_parsing(config.data):  # F1 and Table 4, not BLEU (parsing.py)
+        return parsing.evaluate_restored(
             restored, params, batches, ppl, split=split, average_last=average_last,
             source_file=source_file, beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len,
             out_dir=out_dir)
@@ -235,7 +236,7 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
     with open(json_path, "w") as f:
         json.dump(results, f, indent=1)
     table_split = split if split in ("dev", "test") else "test"
-    results["table"] = report.paper_comparison_table(config.name, table_split, results)
+    results["table"] = paper_tables.paper_comparison_table(config.name, table_split, results)
     results["outputs"] = (txt_path, json_path)
     return results
 

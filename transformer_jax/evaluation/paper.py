@@ -5,7 +5,7 @@ names and carry only what differs from the base row, as overrides in this packag
 ``model`` holds ``ModelConfig`` fields (``num_encoder_layers`` / ``num_decoder_layers`` for N, ``d_model``,
 ``d_ff``, ``num_heads`` for h, ``d_k``, ``d_v``, ``dropout_rate`` for P_drop, ``position_encoding``) and
 ``train`` holds ``config.train`` fields (``label_smoothing`` for eps_ls, ``num_steps``). The base row's model
-is ``ModelConfig``'s defaults (transformer_jax/model_config.py); its training values are ``BASE_TRAIN``.
+is ``ModelConfig``'s defaults (transformer_jax/model/config.py); its training values are ``BASE_TRAIN``.
 """
 
 from __future__ import annotations

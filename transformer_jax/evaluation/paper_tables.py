@@ -1,12 +1,13 @@
 """Evaluation reports: this run's numbers beside the paper's, as a markdown table.
 
-The paper's figures come from ``transformer_jax.paper``: Table 2 (newstest2014, the ``"test"`` split,
+The paper's figures come from ``transformer_jax.evaluation.paper``: Table 2 (newstest2014, the ``"test"``
+split,
 BLEU only, checkpoint-averaged) and Table 3 (newstest2013, the ``"dev"`` split, per-wordpiece perplexity
 and BLEU, EN-DE, no checkpoint averaging). A config is matched to paper rows through
 ``paper.CONFIG_TO_PAPER`` (e.g. ``wmt14_en_de_base``); a Table 3 row name (``C-dmodel256``) or
 ``table3/<row>`` names that row directly, and the ``base`` and ``big`` rows also match Table 2 EN-DE.
 
-The paper's BLEU is tokenized and compound-split (see ``transformer_jax.bleu``), so the comparable
+The paper's BLEU is tokenized and compound-split (see ``transformer_jax.evaluation.bleu``), so the comparable
 number of a run is ``tokenized_bleu``; sacreBLEU is shown for reference only. Inconsistent paper figures
 (the EN-FR big score) are flagged in a footnote, never silently picked.
 """
@@ -17,7 +18,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from transformer_jax import paper
+from transformer_jax.evaluation import paper
 
 TEST_SETS = {"test": "newstest2014", "dev": "newstest2013"}
 # Sentences in the full test sets; a smaller count means a subset, whose BLEU is not the paper's.

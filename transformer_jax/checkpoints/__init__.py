@@ -1,0 +1,1 @@
+"""Checkpoints: the orbax manager, integrity checks, averaging and restoring parameters for scoring."""

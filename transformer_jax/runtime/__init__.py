@@ -1,0 +1,1 @@
+"""What every layer runs on: user errors, the device mesh and sharding rules, host memory, timing."""

@@ -1,0 +1,1 @@
+"""Training: the optimizer and state, the compiled step, the loop, and the loop's infrastructure."""
