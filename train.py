@@ -12,6 +12,7 @@ import jax
 from absl import flags, logging
 from ml_collections import config_flags
 
+from transformer_jax import run_config
 from transformer_jax.runtime import errors
 from transformer_jax.training import loop
 
@@ -29,7 +30,8 @@ def main(argv):
     if _MULTIPROCESS.value:
         jax.distributed.initialize()
     logging.set_verbosity(logging.WARNING)
-    loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    run = run_config.build_run_config(_CONFIG.value)  # every field and input file, checked once
+    loop.train_and_evaluate(run, _WORKDIR.value)
 
 
 if __name__ == "__main__":

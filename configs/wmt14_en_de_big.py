@@ -11,10 +11,9 @@ from transformer_jax.evaluation import paper
 def get_config():
     config = base_lib.get_config()
     config.name = "wmt14_en_de_big"
-    config.model.d_model = 1024
-    config.model.d_ff = 4096
-    config.model.num_heads = 16  # d_k = d_v = 1024 / 16 = 64
-    config.model.dropout_rate = 0.3
-    config.train.num_steps = paper.TABLE3_BY_NAME["big"].num_steps  # 300k
+    big = paper.TABLE3_BY_NAME["big"]
+    for name, value in big.model.items():  # d_model 1024, d_ff 4096, h 16 (d_k = d_v = 64), P_drop 0.3
+        config.model[name] = value
+    config.train.num_steps = big.num_steps  # 300k
     config.final_average_last = paper.AVERAGE_LAST["big"]
     return config

@@ -8,6 +8,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from transformer_jax.data import default_data_config, get_source, sources
+from transformer_jax.data.config import DataConfig
 from transformer_jax.data.sources import (
     TextSource,
     TfdsSource,
@@ -120,10 +121,9 @@ def test_config_validation_names_field_expected_and_actual():
         get_source(default_data_config(tokens_per_batch=0))
     with pytest.raises(ValueError, match=r"dir must be a non-empty str, got ''"):
         get_source(default_data_config(source="text", dir=""))
-    cfg = default_data_config()
-    del cfg["max_len"]
-    with pytest.raises(ValueError, match=r"missing field 'max_len'"):
-        get_source(cfg)
+    with pytest.raises(ValueError, match=r"config\.data has unknown fields \['vocab_sise'\]"):
+        DataConfig.from_mapping({"vocab_sise": 300})
+    assert DataConfig.from_mapping({"length_buckets": [8, 16], "max_len": 16}).length_buckets == (8, 16)
 
 
 # ----------------------------------------------------------------------------- real data

@@ -86,7 +86,7 @@ def test_vocab_too_large_suggests_a_size_that_works(tmp_path):
         load_or_train_tokenizer(cfg, str(tmp_path / "w"))
     suggested = int(re.search(r"vocab_size <= (\d+)", str(info.value)).group(1))
     assert 8 < suggested < 100
-    cfg.vocab_size = suggested
+    cfg = cfg.replace(vocab_size=suggested)
     assert load_or_train_tokenizer(cfg, str(tmp_path / "w")).vocab_size == suggested
 
 

@@ -33,7 +33,7 @@ def test_synthetic_trees_source_pairs_align_with_trees():
     for (words, target), tree in zip(source.pairs("test"), source.trees("test"), strict=True):
         assert words.split() == tree.words()
         assert "XX" in target.split() and delinearize(target.split(), tree.words()).words() == tree.words()
-    cfg.keep_pos_tags = True
+    cfg = cfg.replace(keep_pos_tags=True)
     _, target = get_source(cfg).pairs("test")[0]
     assert "XX" not in target.split()
 

@@ -11,6 +11,7 @@ import pytest
 from tiny import config_with
 
 from transformer_jax import data as data_lib
+from transformer_jax import run_config
 from transformer_jax.evaluation import scoring
 from transformer_jax.runtime.errors import ConfigError, DataError, UserError
 from transformer_jax.training import loop
@@ -34,7 +35,7 @@ def workdir(tmp_path_factory):
     """A 4-step run with checkpoints at steps 2 and 4; its synthetic test pairs."""
     path = tmp_path_factory.mktemp("evaluate_cli")
     config = config_with(TINY)
-    loop.train_and_evaluate(config, str(path))
+    loop.train_and_evaluate(run_config.build_run_config(config), str(path))
     return str(path), list(data_lib.get_source(config.data).pairs("test"))
 
 

@@ -108,10 +108,12 @@ def workdir(tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp("workdir"))
     config = config_with(TINY)
     tokenizer = data_lib.load_or_train_tokenizer(config.data, workdir)
-    model_config = run_config.model_config_from(config, tokenizer.vocab_size)
+    run = run_config.build_run_config(config).with_vocab_size(tokenizer.vocab_size)
+    model_config = run.model
     mesh = sharding.make_mesh((1, 1), jax.devices()[:1])
+    schedule = train_state.schedule_from_config(run.train, model_config.d_model)
     state, _ = train_state.create_train_state(
-        model_config, train_state.make_optimizer(config, model_config.d_model), mesh, (), seed=0)
+        model_config, train_state.make_optimizer(run.train, schedule), mesh, (), seed=0)
     saved = {}
     with Checkpointer(restore.checkpoint_dir(workdir), save_every_steps=None,
                       save_every_minutes=None) as ckpt:
@@ -132,7 +134,7 @@ def _assert_params_equal(actual, expected, rtol=0.0):
 def test_restore_workdir_reads_config_tokenizer_and_the_requested_step(workdir):
     path, saved = workdir
     latest = restore.restore_workdir(path)
-    assert latest.step == 3 and latest.config.model.d_model == 12
+    assert latest.step == 3 and latest.run.model.d_model == 12
     assert latest.model_config.vocab_size == latest.tokenizer.vocab_size
     _assert_params_equal(latest.params, saved[3])
     _assert_params_equal(restore.restore_workdir(path, step=2).params, saved[2])

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from tiny import config_with, saved_state
 
+from transformer_jax import run_config
 from transformer_jax.checkpoints import integrity, restore
 from transformer_jax.data import load_or_train_tokenizer
 from transformer_jax.runtime.errors import MissingFileError
@@ -41,7 +42,8 @@ _IGNORE_CLOSED_LOOP = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisabl
 
 
 def train(workdir, **overrides):
-    return loop.train_and_evaluate(config_with({**FAULT, **overrides}), str(workdir))
+    run = run_config.build_run_config(config_with({**FAULT, **overrides}))
+    return loop.train_and_evaluate(run, str(workdir))
 
 
 def start(script, workdir, **overrides) -> subprocess.Popen:

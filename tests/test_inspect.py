@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from tiny import config_with
 
+from transformer_jax import run_config
 from transformer_jax.inspect import ablation, complexity, forward, run_all
 from transformer_jax.training import loop
 
@@ -48,7 +49,7 @@ def _cli(*args, timeout=600):
 def inspected(tmp_path_factory):
     """Trains a tiny workdir, runs ``python -m transformer_jax.inspect`` on it; returns what it wrote."""
     workdir = tmp_path_factory.mktemp("inspect_workdir")
-    loop.train_and_evaluate(config_with(TINY), str(workdir))
+    loop.train_and_evaluate(run_config.build_run_config(config_with(TINY)), str(workdir))
     out = workdir / "inspect_out"
     proc = _cli("--workdir", str(workdir), "--sentence", SENTENCE, "--out", str(out), "--num_dev", "11",
                 "--d_ks", "4,64", "--lengths", "16,48", "--block_size", "16", "--repeats", "1",

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from tiny import config_with
 
+from transformer_jax import run_config
 from transformer_jax.data import EvalBatch, default_data_config
 from transformer_jax.evaluation import decode, paper, parsing
 from transformer_jax.model.config import ModelConfig
@@ -152,7 +153,7 @@ TINY_PARSING = {
 
 def test_synthetic_trees_train_final_report_and_evaluate_py(tmp_path, capsys):
     workdir = str(tmp_path / "run")
-    final = loop.train_and_evaluate(config_with(TINY_PARSING), workdir)
+    final = loop.train_and_evaluate(run_config.build_run_config(config_with(TINY_PARSING)), workdir)
     printed = capsys.readouterr().out
     for key in ("test_f1", "test_precision", "test_recall", "test_exact_match",
                 "test_right_branching_f1", "test_ppl", "dev_f1"):

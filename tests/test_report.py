@@ -1,9 +1,10 @@
 """Tests for transformer_jax.evaluation.paper_tables: the paper-comparison table."""
 
-import ml_collections
 import pytest
 
+from transformer_jax.data.config import DataConfig
 from transformer_jax.evaluation import bleu, paper, paper_tables
+from transformer_jax.run_config import EvalConfig
 
 RESULTS = {"tokenized_bleu": 26.91, "sacrebleu": 25.87, "ppl": 4.97, "step": 100_000, "num_sentences": 3003}
 
@@ -107,12 +108,13 @@ def test_unknown_split_raises():
 
 
 def test_final_summary_puts_each_score_beside_its_yardstick():
-    config = ml_collections.ConfigDict({
-        "final_eval_split": "test", "final_beam_size": 4, "dev_bleu_protocol": "multi30k",
-        "data": {"source": "text", "src_lang": "en", "tgt_lang": "de"}})
+    eval_config = EvalConfig(eval_every_steps=0, eval_bleu_examples=0, dev_bleu_protocol="multi30k",
+                             final_eval_split="test", final_beam_size=4, final_alpha=0.6,
+                             final_max_extra_len=50, final_average_last=5)
+    data = DataConfig(source="text", src_lang="en", tgt_lang="de")
     final = {"step": 900, "averaged_checkpoints": 5, "test_sacrebleu": 33.333, "test_multi30k_bleu": 38.76,
              "test_ppl": 4.5, "dev_bleu": 37.0}
-    table = paper_tables.final_summary(final, config)
+    table = paper_tables.final_summary(final, data, eval_config)
     rows = {line.split("|")[1].strip(): line.split("|")[2:4] for line in table.splitlines()
             if line.startswith("| ") and "measure" not in line}
     assert rows["BLEU, sacreBLEU (13a, cased)"][0].strip() == "33.33"
@@ -121,7 +123,7 @@ def test_final_summary_puts_each_score_beside_its_yardstick():
     assert rows["dev BLEU (multi30k, greedy)"][0].strip() == "37.00"
     assert "BLEU, the paper's tokenized compound-split" not in rows  # absent numbers are left out
     assert "step 900" in table and "5 checkpoints" in table
-    synthetic = ml_collections.ConfigDict({**config.to_dict(), "data": {"source": "synthetic"}})
     table = paper_tables.final_summary({"test_sacrebleu": 80.0, "test_sacrebleu_copy_baseline": 0.08,
-                                  "test_sacrebleu_lexicon_baseline": 11.2}, synthetic)
+                                        "test_sacrebleu_lexicon_baseline": 11.2},
+                                       DataConfig(source="synthetic"), eval_config)
     assert "copy baseline 0.1" in table and "lexicon baseline 11.2" in table and "41.0" not in table

@@ -1,5 +1,6 @@
 """Tests for run_config.py: a whole run config is checked up front, and config.model builds the model."""
 
+import json
 import os
 
 import pytest
@@ -15,14 +16,43 @@ def test_model_config_from_takes_every_field_of_config_model():
     config.model.attention_block_size = 48
     config.model.d_k = 11
     config.model.norm_style = "pre"
-    model_config = run_config.model_config_from(config, vocab_size=37)
+    model_config = run_config.model_config_from(config.model, vocab_size=37)
     assert (model_config.vocab_size, model_config.attention_block_size, model_config.d_k,
             model_config.norm_style) == (37, 48, 11, "pre")
     assert model_config.d_v == config.model.d_model // config.model.num_heads  # unset: derived
 
 
-def test_default_config_is_valid():
-    run_config.validate_config(default_config.get_config())
+def test_default_config_is_valid_and_each_part_holds_its_fields():
+    config = default_config.get_config()
+    run = run_config.build_run_config(config)
+    assert run.model.d_model == config.model.d_model and run.model.vocab_size == config.data.vocab_size
+    assert run.data.length_buckets == tuple(config.data.length_buckets)
+    assert run.train.warmup_steps == config.train.warmup_steps
+    assert run.eval.final_beam_size == config.final_beam_size
+    assert run.checkpoint.checkpoint_keep == config.checkpoint_keep
+    assert run.loop.log_every_steps == config.log_every_steps
+    assert run.sharding.mesh_shape == tuple(config.sharding.mesh_shape)
+    assert run.with_vocab_size(37).model.vocab_size == 37
+
+
+def test_saved_json_reads_back_into_the_same_run_config():
+    run = run_config.build_run_config(default_config.get_config())
+    again = run_config.run_config_from_saved(json.loads(json.dumps(dict(run.saved))))
+    assert again == run  # every part, field by field (the JSON form is not compared)
+
+
+def test_a_config_saved_before_cooldown_existed_has_none():
+    saved = json.loads(json.dumps(dict(run_config.build_run_config(default_config.get_config()).saved)))
+    del saved["train"]["cooldown_steps"]
+    assert run_config.run_config_from_saved(saved).train.cooldown_steps == 0
+
+
+@pytest.mark.parametrize("section, field", [("train", "num_stepz"), ("data", "vocab_sise")])
+def test_an_unknown_field_in_a_saved_config_is_named(section, field):
+    saved = json.loads(json.dumps(dict(run_config.build_run_config(default_config.get_config()).saved)))
+    saved[section][field] = 1
+    with pytest.raises(ConfigError, match=rf"config\.{section} has unknown fields \['{field}'\]"):
+        run_config.run_config_from_saved(saved)
 
 
 @pytest.mark.parametrize("field, value, named", [
@@ -60,7 +90,7 @@ def test_bad_fields_are_named_before_anything_compiles(field, value, named):
     section, _, name = field.rpartition(".")
     (config[section] if section else config)[name] = value
     with pytest.raises(ConfigError, match=named) as info:
-        run_config.validate_config(config)
+        run_config.build_run_config(config)
     assert isinstance(info.value, ValueError) and isinstance(info.value, UserError)
     assert "\n" not in str(info.value)  # one line on the terminal
 
@@ -69,22 +99,22 @@ def test_final_eval_split_names_the_field_and_lists_only_the_valid_splits():
     config = default_config.get_config()
     config.final_eval_split = "nonsense"
     with pytest.raises(ConfigError) as info:
-        run_config.validate_config(config)
+        run_config.build_run_config(config)
     message = str(info.value)
     assert message.startswith("config.final_eval_split='nonsense': expected one of 'dev', 'test', ''")
     assert "train" not in message.split(";")[0]  # the train split is never a valid choice
     for split in ("dev", "test", ""):
         config.final_eval_split = split
-        run_config.validate_config(config)
+        run_config.build_run_config(config)
 
 
 def test_decode_allowance_is_needed_only_when_training_decodes():
     config = default_config.get_config()
     config.model.max_len = 64 + config.final_max_extra_len  # exactly enough
-    run_config.validate_config(config)
+    run_config.build_run_config(config)
     config.model.max_len = 100  # 64 + 50 does not fit ...
     config.final_eval_split, config.eval_bleu_examples = "", 0  # ... but nothing is decoded
-    run_config.validate_config(config)
+    run_config.build_run_config(config)
 
 
 def _text_config(tmp_path, missing: str):
@@ -102,19 +132,19 @@ def _text_config(tmp_path, missing: str):
 def test_a_missing_text_file_is_named_up_front(tmp_path, missing, split):
     config = _text_config(tmp_path, missing)
     with pytest.raises(MissingFileError, match=rf"{missing}: no such file.*the {split} split"):
-        run_config.validate_config(config)
-    run_config.validate_config(config, environment=False)  # fields alone are fine
+        run_config.build_run_config(config)
+    run_config.build_run_config(config, environment=False)  # fields alone are fine
 
 
 def test_missing_test_file_is_fine_when_the_test_split_is_not_scored(tmp_path):
     config = _text_config(tmp_path, "test.de")
     config.final_eval_split = "dev"
-    run_config.validate_config(config)
+    run_config.build_run_config(config)
 
 
 def test_training_fails_on_a_missing_dev_file_before_training_a_tokenizer(tmp_path):
     config = _text_config(tmp_path, "val.de")
     workdir = tmp_path / "workdir"
     with pytest.raises(MissingFileError, match=r"val\.de"):
-        loop.train_and_evaluate(config, str(workdir))
+        loop.train_and_evaluate(run_config.build_run_config(config), str(workdir))
     assert not os.path.exists(workdir / "tokenizer")

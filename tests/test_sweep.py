@@ -13,7 +13,7 @@ from absl import flags
 from configs import table3, wmt14_en_de_base
 from transformer_jax.evaluation import paper
 from transformer_jax.model.config import ModelConfig
-from transformer_jax.run_config import validate_config
+from transformer_jax.run_config import build_run_config
 from transformer_jax.sweep import __main__ as cli
 from transformer_jax.sweep import grid, launchers
 from transformer_jax.sweep import report as sweep_report
@@ -40,7 +40,7 @@ def _model(config) -> ModelConfig:
 def test_every_row_builds_a_valid_config(scale):
     for row in paper.TABLE3:
         config = table3.get_config(f"{row.name},{scale}")
-        validate_config(config, environment=False)  # the config alone: data files may be elsewhere
+        build_run_config(config, environment=False)  # the config alone: data files may be elsewhere
         _model(config)
         assert config.name == f"table3/{row.name}"
         assert config.data.source == {"paper": "tfds", "cpu": "synthetic", "multi30k": "text"}[scale]

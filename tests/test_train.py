@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from tiny import config_with, saved_state
 
+from transformer_jax import run_config
 from transformer_jax.training import loop
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -55,7 +56,7 @@ def uninterrupted(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("uninterrupted")
     # Profiling steps 2-3 must not change the numbers the other tests compare against.
     config = tiny_config(**{"profile_start_step": 2, "profile_num_steps": 2, "final_average_last": 3})
-    final = loop.train_and_evaluate(config, str(workdir))
+    final = loop.train_and_evaluate(run_config.build_run_config(config), str(workdir))
     return workdir, final
 
 
@@ -82,18 +83,18 @@ def test_run_writes_metrics_tensorboard_checkpoints_and_final_report(uninterrupt
 
 
 def test_mfu_peak_is_the_configs_or_else_measured():
-    assert loop._peak_flops(tiny_config(peak_tflops_per_device=2.5)) == 2.5e12
-    measured = loop._peak_flops(tiny_config(peak_tflops_per_device=0.0))
+    assert loop._peak_flops(2.5) == 2.5e12
+    measured = loop._peak_flops(0.0)
     assert 1e9 < measured < 1e16  # a real FLOP/s figure for this device, whatever it is
 
 
 def test_resume_continues_bitwise(tmp_path, uninterrupted, capsys):
     workdir_full, _ = uninterrupted
     workdir = tmp_path / "resumed"
-    loop.train_and_evaluate(tiny_config(**{"train.num_steps": 4, "final_eval_split": ""}),
-                                 str(workdir))
+    first = tiny_config(**{"train.num_steps": 4, "final_eval_split": ""})
+    loop.train_and_evaluate(run_config.build_run_config(first), str(workdir))
     capsys.readouterr()
-    loop.train_and_evaluate(tiny_config(), str(workdir))
+    loop.train_and_evaluate(run_config.build_run_config(tiny_config()), str(workdir))
     assert "Resuming from step 4" in capsys.readouterr().out  # not a fresh run with the same seed
     # Only the remaining steps were computed (and logged): each log step appears once.
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
@@ -155,10 +156,11 @@ def test_sigterm_saves_and_exits_zero_and_a_second_run_is_refused_while_live(tmp
 def test_non_finite_values_stop_with_the_step_and_keep_the_last_good_checkpoint(tmp_path):
     workdir = tmp_path / "nan"
     quick = {"final_eval_split": "", "eval_every_steps": 0}
-    loop.train_and_evaluate(tiny_config(**{"train.num_steps": 4, **quick}), str(workdir))
+    first = tiny_config(**{"train.num_steps": 4, **quick})
+    loop.train_and_evaluate(run_config.build_run_config(first), str(workdir))
     config = tiny_config(**{"train.learning_rate_scale": 1e30, "train.num_steps": 8, **quick})
     with pytest.raises(FloatingPointError, match=r"step [5-8]\b.*The last good checkpoint is step 4 in"):
-        loop.train_and_evaluate(config, str(workdir))
+        loop.train_and_evaluate(run_config.build_run_config(config), str(workdir))
     saved = sorted(int(s) for s in os.listdir(workdir / "checkpoints") if s.isdigit())
     assert saved == [2, 4]  # real files, nothing non-finite written after them
     for step in saved:

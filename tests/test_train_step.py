@@ -8,7 +8,6 @@ import textwrap
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import pytest
@@ -86,15 +85,6 @@ def test_cooldown_ramps_the_last_steps_linearly_to_zero():
     # Update k of the cooldown (count = 800 + k) runs at (200 - k) / 200 of the paper's rate.
     for count, fraction in ((850, 150 / 200), (900, 0.5), (999, 1 / 200), (1000, 0.0), (1200, 0.0)):
         np.testing.assert_allclose(schedule(count), fraction * paper(count), rtol=1e-5, atol=1e-12)
-
-
-def test_schedule_of_a_config_saved_before_cooldown_existed_is_the_papers():
-    config = ml_collections.ConfigDict({"train": {"warmup_steps": 100, "learning_rate_scale": 2.0,
-                                                  "num_steps": 1000}})
-    schedule = train_state.schedule_from_config(config, 128)
-    paper = train_state.learning_rate_schedule(128, 100, 2.0)
-    for count in (0, 500, 999):
-        np.testing.assert_allclose(schedule(count), paper(count), rtol=1e-6)
 
 
 def _tiny_model_config(**overrides):

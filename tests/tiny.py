@@ -7,6 +7,7 @@ from configs import default as default_config
 from transformer_jax import run_config
 from transformer_jax.checkpoints import restore
 from transformer_jax.checkpoints.manager import Checkpointer
+from transformer_jax.training import train_state
 
 
 def config_with(overrides: dict):
@@ -24,8 +25,11 @@ def config_with(overrides: dict):
 
 def saved_state(config, workdir, step: int):
     """(params as a flat list of NumPy arrays, data-iterator state) that ``train.py`` saved at ``step``."""
-    tokenizer = restore.load_workdir_tokenizer(config, str(workdir))
-    target = restore.abstract_state_for(config, run_config.model_config_from(config, tokenizer.vocab_size))
+    run = run_config.build_run_config(config, environment=False)
+    tokenizer = restore.load_workdir_tokenizer(run.data, str(workdir))
+    run = run.with_vocab_size(tokenizer.vocab_size)
+    schedule = train_state.schedule_from_config(run.train, run.model.d_model)
+    target = train_state.abstract_train_state(run.model, train_state.make_optimizer(run.train, schedule))
     with Checkpointer(restore.checkpoint_dir(str(workdir)), save_every_steps=None,
                       save_every_minutes=None, read_only=True) as ckpt:
         state, data_state, _, restored = ckpt.restore(target, step)

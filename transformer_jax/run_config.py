@@ -1,37 +1,148 @@
-"""A run config (``configs/*.py``, an ml_collections ConfigDict) checked and turned into a ModelConfig.
+"""The entry layer's config builder: a run config (``configs/*.py``) read once into frozen dataclasses.
 
-``validate_config`` is the one check of a whole run config, done before any tokenizer is trained, any
-data is read or anything compiles: every field's type and range, the fields that must agree with each
-other, and (``environment=True``) every input file the run will read and the devices the mesh asks
-for. Each problem raises ``ConfigError`` (a ``ValueError``) naming the field as it is set on the command
+``train.py``, ``evaluate.py`` and the other commands load an ml_collections ConfigDict from a config
+file (``load_config``); ``build_run_config`` checks all of it before any tokenizer is trained, any data
+is read or anything compiles, and returns a ``RunConfig`` whose parts go only where they are needed:
+
+    RunConfig.model       ModelConfig (vocab_size from data.vocab_size until the tokenizer decides it)
+    RunConfig.data        data.config.DataConfig: sources, tokenizer, batches
+    RunConfig.train       TrainConfig: the optimizer, its schedule, the step
+    RunConfig.eval        EvalConfig: periodic dev evaluation and the final evaluation
+    RunConfig.checkpoint  CheckpointConfig: when to save and how many to keep
+    RunConfig.loop        LoopConfig: logging, profiling, the MFU denominator
+    RunConfig.sharding    ShardingConfig: the mesh and the logical axis rules
+
+No module below this one takes a ConfigDict. ``RunConfig.saved`` is the plain JSON form (the same nested
+fields as the config file) that checkpoints store; ``run_config_from_saved`` reads it back, with defaults
+for fields that configs saved before them lack.
+
+Each problem raises ``ConfigError`` (a ``ValueError``) naming the field as it is set on the command
 line (``config.train.learning_rate_scale``) or ``MissingFileError`` naming the file.
-``model_config_from`` builds the model a config describes. ``config.model`` holds exactly
-``ModelConfig``'s fields except ``vocab_size`` (which the tokenizer decides) and the modes.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 import ml_collections
+from absl import flags
+from ml_collections import config_flags
 
 from transformer_jax import data as data_lib
+from transformer_jax.data.config import DataConfig
 from transformer_jax.data.sources import check_input_files
 from transformer_jax.evaluation import bleu
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.runtime import sharding
 from transformer_jax.runtime.errors import ConfigError
 
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """``config.train``: Adam, the warmup / inverse-square-root schedule (section 5.3) and the step."""
+
+    num_steps: int
+    warmup_steps: int
+    learning_rate_scale: float
+    adam_b1: float
+    adam_b2: float
+    adam_eps: float
+    label_smoothing: float
+    grad_accum_steps: int = 1
+    max_grad_norm: float = 0.0  # 0: no clipping
+    cooldown_steps: int = 0  # the last N updates ramp the rate linearly to 0
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+    """The loop's own fields: logging, the MFU denominator, profiling."""
+
+    log_every_steps: int
+    peak_tflops_per_device: float  # 0: measure this device's matmul peak
+    profile_start_step: int  # 0: off
+    profile_num_steps: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """When the loop saves and how many checkpoints it keeps."""
+
+    checkpoint_every_steps: int  # 0: off
+    checkpoint_every_minutes: float  # 0: off
+    checkpoint_keep: int
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """Periodic dev evaluation and the final evaluation after training."""
+
+    eval_every_steps: int  # 0: off
+    eval_bleu_examples: int  # dev sentences decoded greedily for the periodic BLEU (or F1); 0: off
+    dev_bleu_protocol: str  # "sacrebleu", "tokenized" or "multi30k"
+    final_eval_split: str  # "dev", "test" or "" (skip)
+    final_beam_size: int
+    final_alpha: float
+    final_max_extra_len: int
+    final_average_last: int  # score the mean of the newest N checkpoints
+
+    @property
+    def decodes(self) -> bool:
+        """Whether training decodes (periodic dev BLEU or a final evaluation): positions must cover it."""
+        return bool(self.eval_bleu_examples) or bool(self.final_eval_split)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingConfig:
+    """``config.sharding``: the mesh and the rules that map logical axis names onto it."""
+
+    mesh_shape: tuple[int, ...]  # (data, model); -1 fills the remaining devices
+    logical_axis_rules: tuple[tuple[str, str | None], ...]  # logical axis -> mesh axis (None: replicated)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """A whole run config, validated: see the module docstring for where each part goes."""
+
+    name: str  # picks the paper row evaluate.py compares with
+    seed: int  # parameter init, dropout and data order
+    model: ModelConfig
+    data: DataConfig
+    train: TrainConfig
+    eval: EvalConfig
+    checkpoint: CheckpointConfig
+    loop: LoopConfig
+    sharding: ShardingConfig
+    saved: Mapping[str, Any] = dataclasses.field(repr=False, compare=False)  # the JSON form
+
+    def with_vocab_size(self, vocab_size: int) -> RunConfig:
+        """The same run with the model's vocabulary the tokenizer's (``data.vocab_size`` until then)."""
+        return dataclasses.replace(self, model=self.model.replace(vocab_size=vocab_size))
+
+    def splits_read(self) -> tuple[str, ...]:
+        """The data splits a training run reads: train, dev (always scored at the end) and maybe test."""
+        return ("train", "dev") + (("test",) if self.eval.final_eval_split == "test" else ())
+
+
+# Top-level fields of a config file, by the part of RunConfig that holds them.
+_TOP_LEVEL_GROUPS = {"eval": EvalConfig, "checkpoint": CheckpointConfig, "loop": LoopConfig}
+
+
 # config.final_eval_split: the split decoded and scored after training; "" skips it.
 FINAL_EVAL_SPLITS = ("dev", "test", "")
 
 
-def model_config_from(config: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:
-    """The validated ModelConfig of a run config (raises ConfigError before anything compiles)."""
+def model_config_from(model_fields: Mapping[str, Any], vocab_size: int) -> ModelConfig:
+    """The validated ModelConfig of a config's ``model`` section (ConfigError before anything compiles)."""
     try:
-        return ModelConfig(vocab_size=vocab_size, **config.model)
+        return ModelConfig(vocab_size=vocab_size, **model_fields)
+    except TypeError as e:
+        raise ConfigError(f"config.model: {e}; the fields are ModelConfig's (transformer_jax/model/config.py)"
+                          ) from None
     except ValueError as e:
         raise ConfigError(f"config.model: {e}") from e
 
@@ -39,7 +150,11 @@ def model_config_from(config: ml_collections.ConfigDict, vocab_size: int) -> Mod
 def _get(config: Any, path: str) -> Any:
     node = config
     for part in path.split("."):
-        node = node[part]
+        try:
+            node = node[part]
+        except (KeyError, TypeError):
+            raise ConfigError(f"config.{path} is missing; every config starts from configs/default.py, "
+                              "which sets it") from None
     return node
 
 
@@ -74,23 +189,13 @@ def _check_choice(config: Any, path: str, choices: tuple, hint: str = "") -> Any
     return value
 
 
-def decodes(config: ml_collections.ConfigDict) -> bool:
-    """Whether training decodes (periodic dev BLEU or a final evaluation), which needs longer positions."""
-    return bool(config.eval_bleu_examples) or bool(config.final_eval_split)
-
-
-def splits_read(config: ml_collections.ConfigDict) -> tuple[str, ...]:
-    """The data splits a training run reads: train, dev (always scored at the end) and maybe test."""
-    return ("train", "dev") + (("test",) if config.final_eval_split == "test" else ())
-
-
-def _check_train(config: ml_collections.ConfigDict) -> None:
+def _check_train(config: Mapping[str, Any]) -> None:
     for name in ("num_steps", "warmup_steps", "grad_accum_steps"):
         _check_int(config, f"train.{name}", 1)
     _check_int(config, "train.cooldown_steps", 0, "0 keeps the inverse square root to the end")
-    if config.train.cooldown_steps > config.train.num_steps:
-        raise _bad("train.cooldown_steps", config.train.cooldown_steps,
-                   f"at most train.num_steps ({config.train.num_steps})")
+    if _get(config, "train.cooldown_steps") > _get(config, "train.num_steps"):
+        raise _bad("train.cooldown_steps", _get(config, "train.cooldown_steps"),
+                   f"at most train.num_steps ({_get(config, 'train.num_steps')})")
     _check_number(config, "train.learning_rate_scale", 0.0, low_open=True,
                   hint="it multiplies the warmup / inverse-square-root schedule; a negative scale "
                        "climbs the loss and 0 never moves")
@@ -101,9 +206,9 @@ def _check_train(config: ml_collections.ConfigDict) -> None:
     _check_number(config, "train.max_grad_norm", 0.0, hint="0 disables clipping")
 
 
-def _check_loop(config: ml_collections.ConfigDict) -> None:
+def _check_loop(config: Mapping[str, Any]) -> None:
     """Logging, evaluation, checkpoints, profiling: the loop's own fields."""
-    name = config.name
+    name = config["name"]
     if not isinstance(name, str) or not name:
         raise _bad("name", name, "a non-empty string (it picks the paper row evaluate.py compares with)")
     _check_int(config, "seed", 0)
@@ -123,13 +228,13 @@ def _check_loop(config: ml_collections.ConfigDict) -> None:
     _check_number(config, "final_alpha", 0.0, hint="the GNMT length penalty; 0 turns it off")
     _check_int(config, "final_max_extra_len", 0)
     _check_int(config, "final_average_last", 1, "1 scores the final state alone")
-    if config.final_average_last > config.checkpoint_keep:
-        raise _bad("final_average_last", config.final_average_last,
-                   f"at most checkpoint_keep={config.checkpoint_keep} (only that many checkpoints are kept)")
+    if config["final_average_last"] > config["checkpoint_keep"]:
+        raise _bad("final_average_last", config["final_average_last"],
+                   f"at most checkpoint_keep={config['checkpoint_keep']} (only that many are kept)")
 
 
-def _check_sharding(config: ml_collections.ConfigDict, environment: bool) -> None:
-    shape = config.sharding.mesh_shape
+def _check_sharding(config: Mapping[str, Any], environment: bool) -> None:
+    shape = _get(config, "sharding.mesh_shape")
     try:
         known = [int(s) for s in shape if int(s) != -1]
         sharding.resolve_mesh_shape(shape, jax.device_count() if environment else math.prod(known))
@@ -137,44 +242,114 @@ def _check_sharding(config: ml_collections.ConfigDict, environment: bool) -> Non
         raise ConfigError(f"config.sharding.mesh_shape={tuple(shape)!r}: {e}; use (data, model) "
                           "sizes whose product is the device count, with -1 for 'the rest'") from None
     try:
-        sharding.rules_from_config(config.sharding.logical_axis_rules)
+        sharding.rules_from_config(_get(config, "sharding.logical_axis_rules"))
     except (TypeError, ValueError) as e:
         raise ConfigError(f"config.sharding.logical_axis_rules: {e}") from None
 
 
-def _check_lengths(config: ml_collections.ConfigDict, model_config: ModelConfig) -> None:
+def _check_lengths(data: DataConfig, eval_config: EvalConfig, model_config: ModelConfig) -> None:
     """Positions cover the longest bucket and, when training decodes, its output allowance too."""
-    largest = max(config.data.length_buckets)
+    largest = max(data.length_buckets)
     if model_config.max_len < largest:
         raise ConfigError(
             f"config.model.max_len={model_config.max_len} must cover the longest length bucket {largest} "
             "(config.data.length_buckets); raise model.max_len or drop the longest buckets")
-    needed = largest + config.final_max_extra_len
-    if decodes(config) and model_config.max_len < needed:
+    needed = largest + eval_config.final_max_extra_len
+    if eval_config.decodes and model_config.max_len < needed:
         raise ConfigError(
             f"config.model.max_len={model_config.max_len} must be >= {needed}: decoding a "
-            f"{largest}-token bucket may output {config.final_max_extra_len} tokens more "
+            f"{largest}-token bucket may output {eval_config.final_max_extra_len} tokens more "
             "(config.final_max_extra_len); raise model.max_len or lower final_max_extra_len")
 
 
-def validate_config(config: ml_collections.ConfigDict, *, environment: bool = True) -> None:
-    """Fails fast, before any tokenizer training, data reading or compiling, on a bad config.
+def _group(cls: type, fields: Mapping[str, Any], where: str) -> Any:
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ConfigError(f"{where} has unknown fields {unknown}; known: {sorted(known)}")
+    try:
+        return cls(**fields)
+    except TypeError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def _plain(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON form of a ConfigDict or nested mapping (tuples become lists, as in a checkpoint)."""
+    if isinstance(config, ml_collections.ConfigDict):
+        return json.loads(config.to_json_best_effort())
+    return json.loads(json.dumps(config))
+
+
+def build_run_config(config: Mapping[str, Any], *, environment: bool = True) -> RunConfig:
+    """Validates a whole run config and reads it into a RunConfig, before anything is read or compiled.
 
     Args:
-      config: a run config (``configs/*.py``).
+      config: a run config: the ConfigDict of ``configs/*.py`` or its JSON form (a checkpoint's).
       environment: also check what this machine must provide: every input file the run reads (text
-        and treebank sources) and the devices ``config.sharding.mesh_shape`` asks for. A sweep launcher
-        that checks configs for other machines passes False.
+        and treebank sources) and the devices ``sharding.mesh_shape`` asks for. A sweep launcher that
+        checks configs for other machines passes False.
 
     Raises:
       ConfigError: naming the first bad field, what it expects and what it got.
       MissingFileError: naming the first missing input file and the config fields that point to it.
     """
-    data_lib.validate_data_config(config.data)
-    _check_train(config)
-    _check_loop(config)
-    model_config = model_config_from(config, vocab_size=config.data.vocab_size)
-    _check_lengths(config, model_config)
-    _check_sharding(config, environment)
+    saved = _plain(config)
+    for section in ("data", "model", "train", "sharding"):
+        if not isinstance(saved.get(section), dict):
+            raise ConfigError(f"config.{section} is missing; every config starts from configs/default.py")
+    data = DataConfig.from_mapping(saved["data"])
+    data_lib.validate_data_config(data)
+    _check_train(saved)
+    _check_loop(saved)
+    model = model_config_from(saved["model"], vocab_size=data.vocab_size)
+    groups = {}
+    for group, cls in _TOP_LEVEL_GROUPS.items():
+        groups[group] = cls(**{f.name: saved[f.name] for f in dataclasses.fields(cls)})
+    _check_lengths(data, groups["eval"], model)
+    _check_sharding(saved, environment)
+    sharding_config = ShardingConfig(
+        mesh_shape=tuple(saved["sharding"]["mesh_shape"]),
+        logical_axis_rules=tuple(tuple(rule) for rule in saved["sharding"]["logical_axis_rules"]))
+    run = RunConfig(name=saved["name"], seed=saved["seed"], model=model, data=data,
+                    train=_group(TrainConfig, saved["train"], "config.train"), sharding=sharding_config,
+                    saved=saved, **groups)
     if environment:
-        check_input_files(config.data, splits_read(config))
+        check_input_files(data, run.splits_read())
+    return run
+
+
+def run_config_from_saved(saved: Mapping[str, Any]) -> RunConfig:
+    """The RunConfig of a checkpoint's saved JSON config; never checks files or devices.
+
+    Configs saved before ``train.cooldown_steps`` existed get its default (no cooldown).
+    """
+    saved = _plain(saved)
+    saved.setdefault("train", {}).setdefault("cooldown_steps", 0)
+    return build_run_config(saved, environment=False)
+
+
+def load_config(config_arg: str, overrides: Sequence[str] = ()) -> tuple[ml_collections.ConfigDict, dict]:
+    """``path[:argument]`` plus ``--config.key=value`` overrides, loaded as train.py's flags load them.
+
+    Returns (the locked config, the parsed overrides as ``{"model.num_heads": 4}``). Raises ValueError
+    naming the config and the override at fault.
+    """
+    path, sep, argument = config_arg.partition(":")
+    argv = ["load_config", f"--config={path}{sep}{argument}", *overrides]
+    flag_values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "A run config.", flag_values=flag_values,
+                                    lock_config=True, sys_argv=argv)
+    try:
+        flag_values(argv)
+        config = flag_values.config
+        config.lock()  # a config that failed to load raises here (config_flags defers IOError)
+    except (flags.Error, ValueError, TypeError, KeyError, AttributeError, OSError) as e:
+        raise ValueError(f"cannot load {config_arg}{''.join(' ' + o for o in overrides)}: "
+                         f"{_last_line(e)}") from e
+    return config, dict(flag_values["config"].override_values)
+
+
+def _last_line(error: Exception) -> str:
+    """config_flags wraps errors of ``get_config`` in a traceback; its last line says what went wrong."""
+    lines = [line for line in str(error).strip("'\"").splitlines() if line.strip()]
+    return lines[-1].removeprefix("ValueError: ") if lines else type(error).__name__

@@ -27,7 +27,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -332,6 +332,21 @@ class Checkpointer:
             multihost_utils.sync_global_devices("transformer_jax.checkpoints.manager.quarantine")
         self._manager.reload()
 
+    def read_params(self, step: int, abstract_params: Any) -> Any:
+        """Only the parameters of ``step`` (an orbax partial restore): no optimizer moments are read.
+
+        ``abstract_params`` is the ``params`` sub-tree of the saved state's structure. Checksums of the
+        arrays read are verified as in :meth:`restore`.
+        """
+        integrity = self.check_shapes(step, abstract_params, prefix="params")
+        target = {"params": with_default_sharding(abstract_params)}
+        restore_args = ocp.checkpoint_utils.construct_restore_args(target)
+        restored = self._manager.restore(step, args=ocp.args.Composite(**{STATE_ITEM: ocp.args.PyTreeRestore(
+            target, restore_args=restore_args, partial_restore=True)}))[STATE_ITEM]
+        if integrity is not None and integrity.get("format") == checks.DIGEST_FORMAT:
+            checks.verify_digest(integrity["arrays"], restored)
+        return restored["params"]
+
     def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, dict, dict, int]:
         """Restores ``(state, data_state, config, step)``.
 
@@ -349,10 +364,21 @@ class Checkpointer:
           RuntimeError: the explicitly requested ``step`` is damaged, or (step None) no step restores; the
             message names the directory, the steps tried and their errors.
         """
+        (state, data_state, config), step = self._read_good_step(
+            lambda s: self._restore_step(s, abstract_state), step, "abstract_state")
+        return state, data_state, config, step
+
+    def restore_params(self, abstract_params: Any, step: int | None = None) -> tuple[Any, int]:
+        """``(params, step)``: the parameters alone (:meth:`read_params`), with :meth:`restore`'s fallback."""
+        return self._read_good_step(lambda s: self.read_params(s, abstract_params), step, "abstract_params")
+
+    def _read_good_step(self, read: Callable[[int], Any], step: int | None,
+                        target_name: str) -> tuple[Any, int]:
+        """``(read(step), step)``; with ``step`` None, the newest step that reads, skipping damaged ones."""
         if step is not None:
             self._require_step(step)
             try:
-                state, data_state, config = self._restore_step(step, abstract_state)
+                value = read(step)
             except CheckpointMismatchError:
                 raise
             except Exception as e:
@@ -361,7 +387,7 @@ class Checkpointer:
                     f"available steps: {self.all_steps()}"
                 ) from e
             self._last_saved_step = max(step, self._last_saved_step or step)
-            return state, data_state, config, step
+            return value, step
 
         if not self.all_steps():
             raise MissingFileError(f"no checkpoints to restore in {self.directory}")
@@ -369,7 +395,7 @@ class Checkpointer:
         while candidates := [s for s in self.all_steps() if s not in {f for f, _ in failed}]:
             candidate = candidates[-1]
             try:
-                state, data_state, config = self._restore_step(candidate, abstract_state)
+                value = read(candidate)
             except CheckpointMismatchError:
                 raise
             # Damage shows up as ValueError, OSError, JSONDecodeError, tensorstore or checksum errors.
@@ -388,12 +414,12 @@ class Checkpointer:
             # Only once an older step worked: if all fail the cause is more likely the target than the files.
             self._quarantine([s for s, e in failed if e is not None])
             self._last_saved_step = max(candidate, self._last_saved_step or candidate)
-            return state, data_state, config, candidate
+            return value, candidate
         errors = [(s, e) for s, e in failed if e is not None]
         details = "; ".join(f"step {s}: {short_error(e, 200)}" for s, e in errors)
         raise NoUsableCheckpointError(
             f"no checkpoint in {self.directory} could be restored (tried steps {[s for s, _ in failed]}): "
-            f"{details}. If every step fails the same way, check that abstract_state matches the saved state "
+            f"{details}. If every step fails the same way, check that {target_name} matches the saved state "
             "(model config)."
         ) from (errors[0][1] if errors else None)
 

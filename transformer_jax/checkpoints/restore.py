@@ -1,7 +1,9 @@
 """Reading a trained model back from a ``train.py`` workdir: its config, tokenizer and parameters.
 
-The steps run in the order the data flows: the saved run config (JSON, no arrays) -> the tokenizer ->
-the ModelConfig -> the abstract TrainState -> the arrays. Evaluation and inspection start here.
+The steps run in the order the data flows: the saved run config (JSON, no arrays) -> the RunConfig ->
+the tokenizer -> the abstract parameters -> the arrays. Evaluation, inspection and averaging start here,
+and read the parameters alone (an orbax partial restore): no optimizer is built and no Adam moment is
+read, a third of the bytes of the whole saved state.
 
 Nothing here trains or writes a tokenizer: the checkpoint records the SHA-256 of the ``spm.model`` it was
 trained with, and a missing or different file is an error naming both (``TokenizerMismatchError``). The
@@ -15,7 +17,7 @@ import dataclasses
 import os
 from typing import Any
 
-import ml_collections
+import jax
 
 from transformer_jax import data as data_lib
 from transformer_jax.checkpoints.integrity import (
@@ -25,11 +27,12 @@ from transformer_jax.checkpoints.integrity import (
     model_differences,
 )
 from transformer_jax.checkpoints.manager import Checkpointer
+from transformer_jax.data.config import DataConfig
 from transformer_jax.data.tokenizer import Tokenizer, tokenizer_file
 from transformer_jax.model.config import ModelConfig
-from transformer_jax.run_config import model_config_from
+from transformer_jax.model.transformer import init_params
+from transformer_jax.run_config import RunConfig, run_config_from_saved
 from transformer_jax.runtime.errors import MissingFileError
-from transformer_jax.training.train_state import TrainState, abstract_train_state, make_optimizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,22 +40,24 @@ class Restored:
     """A trained model read back from a ``train.py`` workdir.
 
     Attributes:
-      config: the run's ml_collections config.
+      run: the run's RunConfig (its ``model`` with the tokenizer's vocabulary).
       tokenizer: the run's SentencePiece tokenizer.
-      model_config: the run's ModelConfig.
       params: the parameters.
       step: the checkpoint step.
       checkpoint_dir: where the checkpoints are (for averaging).
-      abstract_state: the restore target (shapes and dtypes of the whole TrainState).
+      abstract_params: the parameters' shapes and dtypes (the restore target).
     """
 
-    config: Any
+    run: RunConfig
     tokenizer: Any
-    model_config: ModelConfig
     params: Any
     step: int
     checkpoint_dir: str
-    abstract_state: Any
+    abstract_params: Any
+
+    @property
+    def model_config(self) -> ModelConfig:
+        return self.run.model
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -60,19 +65,19 @@ def checkpoint_dir(workdir: str) -> str:
     return os.path.join(workdir, "checkpoints")
 
 
-def abstract_state_for(config: ml_collections.ConfigDict, model_config: ModelConfig) -> TrainState:
-    """The shapes and dtypes of the TrainState a run with ``config`` saves (params and Adam moments)."""
-    return abstract_train_state(model_config, make_optimizer(config, model_config.d_model))
+def abstract_params(model_config: ModelConfig) -> Any:
+    """The shapes and dtypes of the parameters of ``model_config`` (no optimizer, nothing computed)."""
+    return jax.eval_shape(lambda rng: init_params(model_config, rng=rng), jax.random.PRNGKey(0))
 
 
-def load_workdir_tokenizer(config: ml_collections.ConfigDict, workdir: str,
+def load_workdir_tokenizer(data: DataConfig, workdir: str,
                            expected_sha256: str | None = None) -> data_lib.Tokenizer:
     """The tokenizer ``train.py`` wrote into ``workdir/tokenizer``; never trains one.
 
     Raises:
       MissingFileError: ``workdir/tokenizer/spm.model`` does not exist.
       TokenizerMismatchError: its SHA-256 is not ``expected_sha256`` (the checkpoint's), or its vocabulary
-        size is not ``config.data.vocab_size``.
+        size is not ``data.vocab_size``.
     """
     path = tokenizer_file(workdir)
     if not path.is_file():
@@ -85,23 +90,23 @@ def load_workdir_tokenizer(config: ml_collections.ConfigDict, workdir: str,
             f"{path} (sha256 {tokenizer.sha256[:12]}...) is not the tokenizer the checkpoints in "
             f"{checkpoint_dir(workdir)} were trained with (sha256 {expected_sha256[:12]}...). Restore the "
             "original file, or train in a new workdir.")
-    if tokenizer.vocab_size != config.data.vocab_size:
+    if tokenizer.vocab_size != data.vocab_size:
         raise TokenizerMismatchError(
             f"{path} has {tokenizer.vocab_size} tokens but the run config says data.vocab_size="
-            f"{config.data.vocab_size}; restore the original file, or train in a new workdir.")
+            f"{data.vocab_size}; restore the original file, or train in a new workdir.")
     return tokenizer
 
 
-def check_same_model(saved_config: dict, config: ml_collections.ConfigDict, where: str) -> None:
-    """Raises CheckpointMismatchError listing the model / vocabulary fields in which ``config`` differs."""
-    differences = model_differences(saved_config, config)
+def check_same_model(saved_config: dict, run: RunConfig, where: str) -> None:
+    """Raises CheckpointMismatchError listing the model / vocabulary fields in which ``run`` differs."""
+    differences = model_differences(saved_config, dict(run.saved))
     if differences:
         raise CheckpointMismatchError(
             f"the model config differs from the one saved in {where}: {first_few(differences, 8, '; ')}. "
             "Use the saved values to resume, or another workdir to train a new model.")
 
 
-def check_workdir(ckpt: Checkpointer, config: ml_collections.ConfigDict, workdir: str) -> str | None:
+def check_workdir(ckpt: Checkpointer, run: RunConfig, workdir: str) -> str | None:
     """Before a training run resumes ``workdir``: its model config and tokenizer must be the saved ones.
 
     Reads only JSON (no arrays, nothing compiled). Returns the saved tokenizer's SHA-256 (None when the
@@ -110,14 +115,17 @@ def check_workdir(ckpt: Checkpointer, config: ml_collections.ConfigDict, workdir
     if ckpt.latest_step() is None:
         return None
     step, saved_config, metadata = ckpt.saved_info()
-    check_same_model(saved_config, config, f"checkpoint step {step} in {ckpt.directory}")
+    check_same_model(saved_config, run, f"checkpoint step {step} in {ckpt.directory}")
     expected = metadata.get("tokenizer_sha256")
-    load_workdir_tokenizer(config, workdir, expected)
+    load_workdir_tokenizer(run.data, workdir, expected)
     return expected
 
 
 def restore_workdir(workdir: str, step: int | None = None) -> Restored:
     """Reads the config, tokenizer and parameters of ``workdir`` (by default its latest good step).
+
+    Only the parameters are read from the checkpoint; a damaged newest step falls back to the previous
+    good one, with a warning naming it.
 
     Raises:
       FileNotFoundError: ``workdir`` holds no checkpoint or no tokenizer.
@@ -132,12 +140,11 @@ def restore_workdir(workdir: str, step: int | None = None) -> Restored:
         if ckpt.latest_step() is None:
             raise MissingFileError(f"no checkpoint in {ckpt.directory}; train first with train.py")
         _, saved_config, metadata = ckpt.saved_info(step)
-        config = ml_collections.ConfigDict(saved_config)
-        tokenizer = load_workdir_tokenizer(config, workdir, metadata.get("tokenizer_sha256"))
-        model_config = model_config_from(config, tokenizer.vocab_size)
-        target = abstract_state_for(config, model_config)
-        state, _, _, restored_step = ckpt.restore(target, step)
-        return Restored(config, tokenizer, model_config, state.params, int(restored_step),
-                        ckpt.directory, target)
+        run = run_config_from_saved(saved_config)
+        tokenizer = load_workdir_tokenizer(run.data, workdir, metadata.get("tokenizer_sha256"))
+        run = run.with_vocab_size(tokenizer.vocab_size)
+        target = abstract_params(run.model)
+        params, restored_step = ckpt.restore_params(target, step)
+        return Restored(run, tokenizer, params, int(restored_step), ckpt.directory, target)
     finally:
         ckpt.close()

@@ -1,8 +1,8 @@
 """The `data_config` fields, their defaults and their validation.
 
-The training and evaluation configs (configs/*.py) carry a `data` ConfigDict with the
-fields below; every public function of `transformer_jax.data` validates the fields it reads
-up front, so a typo or a bad value fails before any data is read.
+The training and evaluation configs (configs/*.py) carry a `data` section with the fields
+below, read into the frozen `DataConfig`; every public function of `transformer_jax.data`
+validates the fields it reads up front, so a typo or a bad value fails before any data is read.
 
 Fields (all read by attribute access):
 
@@ -39,9 +39,9 @@ Optional (defaults apply when absent):
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from typing import Any
-
-import ml_collections
 
 from transformer_jax.data.trees import parse_file_ranges
 from transformer_jax.runtime.errors import ConfigError
@@ -86,43 +86,68 @@ _SOURCE_FIELDS = {
 }
 
 
-def default_data_config(**overrides: Any) -> ml_collections.ConfigDict:
-    """The embedded synthetic task with CPU-sized defaults; `overrides` replace fields."""
-    cfg = ml_collections.ConfigDict(
-        dict(
-            source="synthetic",
-            dir="",
-            train_prefix="train",
-            dev_prefix="val",
-            test_prefix="test",
-            src_lang="en",
-            tgt_lang="de",
-            tfds_name="wmt14_translate/de-en",
-            tfds_data_dir="",
-            tfds_dev_split="validation",
-            tfds_test_split="test",
-            vocab_size=1000,
-            vocab_type="bpe",
-            tokenizer_train_examples=1_000_000,
-            max_len=64,
-            tokens_per_batch=4096,
-            length_buckets=(8, 16, 24, 32, 48, 64),
-            synthetic_train_size=40_000,
-            synthetic_dev_size=500,
-            synthetic_test_size=500,
-            synthetic_seed=0,
-            ptb_train_files="02-21",  # the standard WSJ split (section numbers)
-            ptb_dev_files="22",
-            ptb_test_files="23",
-            keep_pos_tags=False,
-            character_coverage=1.0,
-        )
-    )
-    for key, value in overrides.items():
-        if key not in cfg:
-            raise ConfigError(f"default_data_config: unknown field {key!r}; known: {sorted(cfg)}")
-        setattr(cfg, key, value)
-    return cfg
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """The data fields of a run config (documented in the module docstring), frozen and typed.
+
+    Defaults are the embedded synthetic task at CPU size. Built from a run config's ``data`` section by
+    ``DataConfig.from_mapping`` (``run_config.build_run_config``), or directly in tests and tools.
+    """
+
+    source: str = "synthetic"
+    dir: str = ""
+    train_prefix: str = "train"
+    dev_prefix: str = "val"
+    test_prefix: str = "test"
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    tfds_name: str = "wmt14_translate/de-en"
+    tfds_data_dir: str = ""
+    tfds_dev_split: str = "validation"
+    tfds_test_split: str = "test"
+    vocab_size: int = 1000
+    vocab_type: str = "bpe"
+    tokenizer_train_examples: int = 1_000_000
+    max_len: int = 64
+    tokens_per_batch: int = 4096
+    length_buckets: tuple[int, ...] = (8, 16, 24, 32, 48, 64)
+    synthetic_train_size: int = 40_000
+    synthetic_dev_size: int = 500
+    synthetic_test_size: int = 500
+    synthetic_seed: int = 0
+    ptb_train_files: str = "02-21"  # the standard WSJ split (section numbers)
+    ptb_dev_files: str = "22"
+    ptb_test_files: str = "23"
+    keep_pos_tags: bool = False
+    character_coverage: float = 1.0
+
+    @classmethod
+    def from_mapping(cls, fields: Mapping[str, Any]) -> DataConfig:
+        """A DataConfig from a ``data`` section (a ConfigDict or a checkpoint's JSON); unknown keys fail.
+
+        Fields absent from ``fields`` (configs saved before they existed) take their defaults.
+        """
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise ConfigError(f"config.data has unknown fields {unknown}; known: {sorted(known)}")
+        values = dict(fields)
+        if isinstance(values.get("length_buckets"), list | tuple):
+            values["length_buckets"] = tuple(values["length_buckets"])
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> DataConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def default_data_config(**overrides: Any) -> DataConfig:
+    """The embedded synthetic task with CPU-sized defaults; ``overrides`` replace fields."""
+    try:
+        return DataConfig(**overrides)
+    except TypeError:
+        known = sorted(f.name for f in dataclasses.fields(DataConfig))
+        raise ConfigError(
+            f"default_data_config: unknown field in {sorted(overrides)}; known: {known}") from None
 
 
 def _field(cfg: Any, name: str) -> Any:

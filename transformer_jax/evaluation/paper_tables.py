@@ -194,16 +194,17 @@ _SUMMARY_ROWS = (  # (key suffix, label); the split prefix is added
 )
 
 
-def final_summary(final: Mapping[str, Any], config: Any) -> str:
+def final_summary(final: Mapping[str, Any], data: Any, eval_config: Any) -> str:
     """A small markdown table of a run's final scores, each beside its yardstick where one exists.
 
     Yardsticks: the synthetic task's copy and lexicon baselines, the right-branching parse, a published
     anchor for the data set (``ANCHORS``) or the paper's Table 2 row (``paper_comparison_table``).
+    The run is described by its ``data`` (DataConfig) and ``eval_config`` (EvalConfig).
     """
-    split = config.final_eval_split
-    anchor = ANCHORS.get((config.data.source, config.data.get("src_lang"), config.data.get("tgt_lang")))
+    split = eval_config.final_eval_split
+    anchor = ANCHORS.get((data.source, data.src_lang, data.tgt_lang))
     averaged = final.get("averaged_checkpoints")
-    title = (f"Final scores ({split} split, beam {config.final_beam_size}, step {final.get('step')}"
+    title = (f"Final scores ({split} split, beam {eval_config.final_beam_size}, step {final.get('step')}"
              + (f", average of {averaged} checkpoints" if averaged else "") + ")")
     lines = [title, "", "| measure | this run | beside it |", "|---|---:|---|"]
     for suffix, label in _SUMMARY_ROWS:
@@ -220,7 +221,8 @@ def final_summary(final: Mapping[str, Any], config: Any) -> str:
         if anchor and anchor[0] == suffix:
             beside.append(f"{anchor[1]:.1f}: {anchor[2]}")
         lines.append(f"| {label} | {value:.2f} | {'; '.join(beside) or _NONE} |")
-    dev_rows = (("dev_ppl", "dev perplexity"), ("dev_bleu", f"dev BLEU ({config.dev_bleu_protocol}, greedy)"),
+    dev_rows = (("dev_ppl", "dev perplexity"),
+                ("dev_bleu", f"dev BLEU ({eval_config.dev_bleu_protocol}, greedy)"),
                 ("dev_f1", "dev F1 (greedy)"))
     for key, label in dev_rows:
         if isinstance(final.get(key), (int, float)):

@@ -12,7 +12,7 @@ decoder and checkpoints are the translation ones. What differs is here:
 - the report: this run beside the paper's Table 4 (``paper.TABLE4``), with a plain statement of
   when the numbers are not comparable.
 
-``evaluation.final_report`` and ``evaluation.evaluate_workdir`` dispatch here when
+``tasks.ParsingTask`` and ``scoring.evaluate_workdir`` dispatch here when
 ``data.is_parsing(config.data)``; the training loop's periodic dev F1 is ``dev_scores``.
 """
 
@@ -173,10 +173,10 @@ def evaluate_restored(restored, params, batches, ppl: dict, *, split: str, avera
         raise ValueError(f"--source_file={source_file!r}: a parsing run is scored on its own "
                          "split (which has gold trees); drop --source_file/--reference_file and use "
                          "--split=dev|test")
-    config = restored.config
-    report = score_batches(params, restored.model_config, restored.tokenizer, config.data, split,
+    run = restored.run
+    report = score_batches(params, restored.model_config, restored.tokenizer, run.data, split,
                            batches, beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len)
-    results = {"config": config.name, "task": "parsing", "split": split, "step": restored.step,
+    results = {"config": run.name, "task": "parsing", "split": split, "step": restored.step,
                "average_last": average_last, "beam_size": beam_size, "alpha": alpha,
                "max_extra_len": max_extra_len, "ppl": ppl["ppl"], "nll": ppl["nll"],
                **{key: report[key] for key in summary_keys()},
@@ -187,8 +187,8 @@ def evaluate_restored(restored, params, batches, ppl: dict, *, split: str, avera
         f.writelines(output + "\n" for output in report["outputs"])
     with open(stem + ".json", "w") as f:
         json.dump(results, f, indent=1)
-    results["table"] = table4_comparison(config.name, config.data, split, report,
-                                         train_trees=len(data_lib.get_source(config.data).trees("train")))
+    results["table"] = table4_comparison(run.name, run.data, split, report,
+                                         train_trees=len(data_lib.get_source(run.data).trees("train")))
     results["outputs"] = (stem + ".txt", stem + ".json")
     return results
 

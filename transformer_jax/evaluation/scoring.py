@@ -103,39 +103,6 @@ def translate_and_score(params, model_config: ModelConfig, tokenizer, batches, *
             "sources": sources}
 
 
-def final_report(params, model_config: ModelConfig, tokenizer, data_config, *, split: str,
-                 beam_size: int = paper.BEAM_SIZE, alpha: float = paper.LENGTH_PENALTY_ALPHA,
-                 max_extra_len: int = paper.MAX_EXTRA_LEN) -> dict[str, Any]:
-    """The end-of-training evaluation on ``split`` of ``data_config``: PPL and BLEU in three protocols.
-
-    For the synthetic task it also scores the two baselines (copy the source; word-by-word lexicon)
-    so the printed BLEU has a yardstick. Prints the first three translations.
-    """
-    batches = data_lib.make_eval_batches(data_config, tokenizer, split)
-    ppl = perplexity(params, model_config, batches)
-    if data_lib.is_parsing(data_config):  # F1 against gold trees, not BLEU (parsing.py)
-        return {f"{split}_ppl": ppl["ppl"], **parsing.final_report(
-            params, model_config, tokenizer, data_config, batches, split=split, beam_size=beam_size,
-            alpha=alpha, max_extra_len=max_extra_len)}
-    scores = translate_and_score(params, model_config, tokenizer, batches, beam_size=beam_size,
-                                 alpha=alpha, max_extra_len=max_extra_len,
-                                 target_lang=data_config.tgt_lang)
-    results = {f"{split}_ppl": ppl["ppl"], f"{split}_sacrebleu": scores["sacrebleu"],
-               f"{split}_tokenized_bleu": scores["tokenized_bleu"],
-               f"{split}_multi30k_bleu": scores["multi30k_bleu"],
-               "sacrebleu_signature": scores["sacrebleu_signature"]}
-    if data_config.source == "synthetic":
-        pairs = list(zip(scores["sources"], scores["references"], strict=True))
-        for name, baseline in (("copy", data_lib.copy_baseline(pairs)),
-                               ("lexicon", data_lib.lexicon_baseline(pairs, data_config.synthetic_seed))):
-            results[f"{split}_sacrebleu_{name}_baseline"] = bleu.sacrebleu_score(
-                baseline, scores["references"]).score
-    for source, hypothesis, reference in list(zip(
-            scores["sources"], scores["hypotheses"], scores["references"], strict=True))[:3]:
-        print(f"  source:     {source}\n  hypothesis: {hypothesis}\n  reference:  {reference}")
-    return results
-
-
 def averaged_params(restored: Restored, average_last: int):
     """The mean parameters of the ``average_last`` checkpoints ending at ``restored.step``."""
     with Checkpointer(restored.checkpoint_dir, save_every_steps=None, save_every_minutes=None,
@@ -145,7 +112,7 @@ def averaged_params(restored: Restored, average_last: int):
         raise ConfigError(f"--average_last={average_last} needs {average_last} checkpoints up to step "
                          f"{restored.step} in {restored.checkpoint_dir}; found {len(available)}: "
                          f"{available}")
-    return average_checkpoints(restored.checkpoint_dir, restored.abstract_state, average_last,
+    return average_checkpoints(restored.checkpoint_dir, restored.abstract_params, average_last,
                                steps=available[-average_last:])
 
 
@@ -201,28 +168,28 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
         reference_file=reference_file, beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len,
         output_dir=out_dir)
     restored = restore_workdir(workdir, step)
-    config, tokenizer, model_config = restored.config, restored.tokenizer, restored.model_config
-    beam_size = config.final_beam_size if beam_size is None else beam_size
-    alpha = config.final_alpha if alpha is None else alpha
-    max_extra_len = config.final_max_extra_len if max_extra_len is None else max_extra_len
-    max_length = _decodable_length(model_config, config.data, max_extra_len)
+    run, tokenizer, model_config = restored.run, restored.tokenizer, restored.model_config
+    beam_size = run.eval.final_beam_size if beam_size is None else beam_size
+    alpha = run.eval.final_alpha if alpha is None else alpha
+    max_extra_len = run.eval.final_max_extra_len if max_extra_len is None else max_extra_len
+    max_length = _decodable_length(model_config, run.data, max_extra_len)
     stem = evaluate_args.output_stem(out_dir, split=split, step=restored.step, source_file=source_file,
                                      average_last=average_last)
     txt_path, json_path = evaluate_args.claim_outputs(stem, overwrite=overwrite)
     params = averaged_params(restored, average_last) if average_last > 1 else restored.params
-    split, batches = _split_batches(config.data, tokenizer, split, source_file, reference_file,
+    split, batches = _split_batches(run.data, tokenizer, split, source_file, reference_file,
                                     max_length)
     ppl = perplexity(params, model_config, batches)
-    if data_lib.is_parsing(config.data):  # F1 and Table 4, not BLEU (parsing.py)
+    if data_lib.is_parsing(run.data):  # F1 and Table 4, not BLEU (parsing.py)
         return parsing.evaluate_restored(
             restored, params, batches, ppl, split=split, average_last=average_last,
             source_file=source_file, beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len,
             out_dir=out_dir)
     scores = translate_and_score(params, model_config, tokenizer, batches, beam_size=beam_size,
                                  alpha=alpha, max_extra_len=max_extra_len,
-                                 target_lang=config.data.tgt_lang)
+                                 target_lang=run.data.tgt_lang)
     results = {
-        "config": config.name, "split": split, "step": restored.step, "average_last": average_last,
+        "config": run.name, "split": split, "step": restored.step, "average_last": average_last,
         "beam_size": beam_size, "alpha": alpha, "num_sentences": len(scores["hypotheses"]),
         "ppl": ppl["ppl"], "nll": ppl["nll"], "sacrebleu": scores["sacrebleu"],
         "sacrebleu_signature": scores["sacrebleu_signature"],
@@ -236,7 +203,7 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
     with open(json_path, "w") as f:
         json.dump(results, f, indent=1)
     table_split = split if split in ("dev", "test") else "test"
-    results["table"] = paper_tables.paper_comparison_table(config.name, table_split, results)
+    results["table"] = paper_tables.paper_comparison_table(run.name, table_split, results)
     results["outputs"] = (txt_path, json_path)
     return results
 

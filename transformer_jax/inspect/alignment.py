@@ -55,7 +55,7 @@ def alignment_analysis(restored: Restored, batches: Sequence) -> list[dict[str, 
       One row per (layer, head): {"layer", "head", "mass_{group}" for GROUPS, "chance_all",
       "chance_first_reordered", "words", "reordered_words"}.
     """
-    seed = restored.config.data.synthetic_seed
+    seed = restored.run.data.synthetic_seed
     tok, cfg = restored.tokenizer, restored.model_config
     mass = {g: {} for g in GROUPS}  # group -> layer -> float64[heads] summed mass
     chance = dict.fromkeys(GROUPS, 0.0)

@@ -44,8 +44,9 @@ def num_layers(model_config: ModelConfig, kind: str) -> int:
 def restore_workdir(workdir: str, step: int | None = None) -> Restored:
     """The workdir's model, with a deterministic dense-attention config (the dense path sows weights)."""
     restored = restore.restore_workdir(workdir, step)
-    return dataclasses.replace(restored, model_config=restored.model_config.replace(
-        deterministic=True, decode=False, attention_impl="dense", attention_witness=False))
+    model = restored.model_config.replace(deterministic=True, decode=False, attention_impl="dense",
+                                          attention_witness=False)
+    return dataclasses.replace(restored, run=dataclasses.replace(restored.run, model=model))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,5 +154,5 @@ def pieces(tokenizer, ids: Sequence[int]) -> list[str]:
 
 def dev_batches(restored: Restored, num_sentences: int, split: str = "dev") -> list:
     """The first ``num_sentences`` of ``split`` as padded evaluation batches."""
-    return data_lib.make_eval_batches(restored.config.data, restored.tokenizer, split,
+    return data_lib.make_eval_batches(restored.run.data, restored.tokenizer, split,
                                       max_examples=num_sentences)

@@ -115,7 +115,7 @@ def run(workdir: str, sentence: str, out_dir: str | None = None, *, step: int | 
         files["ablation_png"] = ablation.plot_ablation(stat_rows, os.path.join(out_dir, "ablation.png"))
 
     align_rows = []
-    if options.alignment and restored.config.data.source == "synthetic":
+    if options.alignment and restored.run.data.source == "synthetic":
         progress("cross-attention against the synthetic grammar's alignment")
         align_rows = alignment.alignment_analysis(restored, batches)
         if align_rows:

@@ -1,7 +1,7 @@
 """The rows of a sweep: Table 3 rows or a generic cartesian grid, each a config loaded and validated.
 
-A config is loaded exactly as ``train.py`` loads ``--config=path[:argument] --config.key=value``:
-through ml_collections' ``config_flags`` (which parses each override as the type of its field), locked.
+A config is loaded exactly as ``train.py`` loads ``--config=path[:argument] --config.key=value``
+(``run_config.load_config``: each override parsed as the type of its field, the config locked).
 """
 
 from __future__ import annotations
@@ -12,13 +12,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-import ml_collections
-from absl import flags
-from ml_collections import config_flags
-
+from transformer_jax import run_config
 from transformer_jax.evaluation import paper
-from transformer_jax.model.config import ModelConfig, param_count
-from transformer_jax.run_config import validate_config
+from transformer_jax.model.config import param_count
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TABLE3_CONFIG = "configs/table3.py"
@@ -53,34 +49,14 @@ def resolve_config_path(path: str) -> str:
                             f"directory and from {REPO_ROOT})")
 
 
-def load_config(config_arg: str, overrides: Sequence[str] = ()) -> tuple[ml_collections.ConfigDict, dict]:
-    """``path[:argument]`` plus ``--config.key=value`` overrides -> (locked config, parsed overrides).
-
-    The parsed overrides map each key to its typed value (``{"model.num_heads": 4}``). Raises ValueError
-    naming the config and the override at fault.
-    """
+def load_config(config_arg: str, overrides: Sequence[str] = ()) -> tuple[Any, dict]:
+    """``path[:argument]`` (relative to here or the repository root) plus overrides, as train.py loads
+    them: ``run_config.load_config`` on the resolved path."""
     path, sep, argument = config_arg.partition(":")
-    argv = ["sweep", f"--config={resolve_config_path(path)}{sep}{argument}", *overrides]
-    flag_values = flags.FlagValues()
-    config_flags.DEFINE_config_file("config", None, "The row's config.", flag_values=flag_values,
-                                    lock_config=True, sys_argv=argv)
-    try:
-        flag_values(argv)
-        config = flag_values.config
-        config.lock()  # a config that failed to load raises here (config_flags defers IOError)
-    except (flags.Error, ValueError, TypeError, KeyError, AttributeError, OSError) as e:
-        raise ValueError(f"cannot load {config_arg}{''.join(' ' + o for o in overrides)}: "
-                         f"{_last_line(e)}") from e
-    return config, dict(flag_values["config"].override_values)
+    return run_config.load_config(f"{resolve_config_path(path)}{sep}{argument}", overrides)
 
 
-def _last_line(error: Exception) -> str:
-    """config_flags wraps errors of ``get_config`` in a traceback; its last line says what went wrong."""
-    lines = [line for line in str(error).strip("'\"").splitlines() if line.strip()]
-    return lines[-1].removeprefix("ValueError: ") if lines else type(error).__name__
-
-
-def build_config(row: Row) -> ml_collections.ConfigDict:
+def build_config(row: Row) -> Any:
     """The row's full config: ``config_arg`` loaded, ``overrides`` set (typos and types fail)."""
     overrides = [f"--config.{key}={format_value(value)}" for key, value in row.overrides]
     return load_config(row.config_arg, overrides)[0]
@@ -95,13 +71,11 @@ def validate_rows(rows: Sequence[Row]) -> dict[str, dict[str, Any]]:
     info = {}
     for row in rows:
         try:
-            config = build_config(row)
-            validate_config(config)
-            model_config = ModelConfig(vocab_size=config.data.vocab_size, **config.model)
+            run = run_config.build_run_config(build_config(row))
         except (ValueError, TypeError) as e:
             raise ValueError(f"sweep row {row.name!r} ({describe(row)}) is invalid: {e}") from e
-        info[row.name] = {"params": param_count(model_config), "num_steps": config.train.num_steps,
-                          "vocab_size": config.data.vocab_size, "bleu_protocol": config.dev_bleu_protocol}
+        info[row.name] = {"params": param_count(run.model), "num_steps": run.train.num_steps,
+                          "vocab_size": run.data.vocab_size, "bleu_protocol": run.eval.dev_bleu_protocol}
     return info
 
 
@@ -165,7 +139,7 @@ def _parse_override(config_arg: str, item: str) -> tuple[str, Any]:
     return key, _parse_value(config_arg, key, text)
 
 
-def _flat_sections(config: ml_collections.ConfigDict) -> dict[str, Any]:
+def _flat_sections(config: Any) -> dict[str, Any]:
     """The fields of ``config.model`` and ``config.train``, by field name (the names Table 3 rows use)."""
     return {**config.model.to_dict(), **config.train.to_dict()}
 

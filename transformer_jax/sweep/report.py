@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from transformer_jax import run_config
 from transformer_jax.evaluation import paper
-from transformer_jax.model.config import ModelConfig, param_count
+from transformer_jax.model.config import param_count
 from transformer_jax.sweep.grid import Row, describe, format_value, load_config, table3_config_arg
 from transformer_jax.sweep.launchers import MANIFEST, RESULT, final_train_record, latest_dev_eval, result_from
 
@@ -43,7 +44,7 @@ def _paper_params(row: Row | dict) -> int | None:
 def paper_scale_params(row_name: str) -> int:
     """The exact parameter count of a Table 3 row at paper scale (its config's 37k vocabulary)."""
     config, _ = load_config(table3_config_arg(row_name, "paper"))
-    return param_count(ModelConfig(vocab_size=config.data.vocab_size, **config.model))
+    return param_count(run_config.build_run_config(config, environment=False).model)
 
 
 def direction(value: float, base: float, kind: str) -> str:

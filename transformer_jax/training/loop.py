@@ -1,9 +1,11 @@
 """The training loop of section 5: build once, train (resuming), evaluate, checkpoint.
 
-Data flow: config -> ``validate_config`` -> ``setup`` (tokenizer, ModelConfig, optimizer, data iterator,
-the TrainState sharded over the mesh, the compiled step from ``steps.make_train_step``) -> ``train_loop``,
-which carries the state explicitly (``state, sums = trainer.train_step(state, batch)``) and logs,
-evaluates and checkpoints every N steps -> the final dev and test evaluation.
+Data flow: a RunConfig (``run_config.build_run_config``: the config file read once, validated) ->
+``setup`` (tokenizer, ModelConfig, the one schedule and optimizer, data iterator, the TrainState sharded
+over the mesh, the compiled step from ``steps.make_train_step``) -> ``train_loop``, which carries the
+state explicitly (``state, sums = trainer.train_step(state, batch)``) and logs, evaluates and
+checkpoints every N steps -> the final dev and test evaluation. What is evaluated, and how, is the
+run's task (``evaluation.tasks``: translation or parsing), chosen once in ``setup``.
 
 The loss and the pure steps are in ``steps.py``; the state and optimizer in ``train_state.py``.
 
@@ -27,7 +29,6 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-import ml_collections
 import numpy as np
 import optax
 from jax.experimental import multihost_utils
@@ -37,11 +38,12 @@ from transformer_jax.checkpoints import restore
 from transformer_jax.checkpoints.averaging import average_checkpoints
 from transformer_jax.checkpoints.integrity import NonFiniteStateError
 from transformer_jax.checkpoints.manager import Checkpointer
-from transformer_jax.evaluation import paper_tables, parsing, scoring
+from transformer_jax.evaluation import paper_tables, scoring
+from transformer_jax.evaluation.tasks import Task, task_for
 from transformer_jax.model import flops, loss
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import PAD_ID
-from transformer_jax.run_config import model_config_from, validate_config
+from transformer_jax.run_config import RunConfig
 from transformer_jax.runtime import sharding, timing
 from transformer_jax.training import steps
 from transformer_jax.training.metric_writer import MetricWriter
@@ -60,28 +62,32 @@ from transformer_jax.training.workdir_lock import WorkdirLock
 class Trainer:
     """What the loop needs, built once from the config by ``setup``. It holds no training state."""
 
-    config: ml_collections.ConfigDict
+    run: RunConfig  # its ``model`` has the tokenizer's vocab_size
     workdir: str
     mesh: jax.sharding.Mesh
     rules: tuple
     tokenizer: data_lib.Tokenizer
-    model_config: ModelConfig
+    task: Task  # translation or parsing: the dev evaluation and the final report
     tx: optax.GradientTransformation
     schedule: Callable  # optimizer step (from 0) -> learning rate
     state_sharding: Any
     train_step: steps.TrainStepFn  # (state, global batch) -> (state, metric sums); donates the state
-    peak_flops: float  # per device: config.peak_tflops_per_device, or the matmul peak measured at start-up
+    peak_flops: float  # per device: loop.peak_tflops_per_device, or the matmul peak measured at start-up
+
+    @property
+    def model_config(self) -> ModelConfig:
+        return self.run.model
 
     @functools.cached_property
     def dev_batches(self) -> list:
         """The whole dev split, read and tokenized once per run."""
-        return data_lib.make_eval_batches(self.config.data, self.tokenizer, "dev")
+        return data_lib.make_eval_batches(self.run.data, self.tokenizer, "dev")
 
     @functools.cached_property
     def dev_bleu_batches(self) -> list:
-        """The dev sentences decoded for the periodic BLEU."""
-        return data_lib.make_eval_batches(self.config.data, self.tokenizer, "dev",
-                                          max_examples=self.config.eval_bleu_examples)
+        """The dev sentences decoded for the periodic BLEU (or F1)."""
+        return data_lib.make_eval_batches(self.run.data, self.tokenizer, "dev",
+                                          max_examples=self.run.eval.eval_bleu_examples)
 
 
 def _shared_tokenizer(data_config, workdir: str) -> data_lib.Tokenizer:
@@ -93,32 +99,31 @@ def _shared_tokenizer(data_config, workdir: str) -> data_lib.Tokenizer:
     return data_lib.load_or_train_tokenizer(data_config, workdir)
 
 
-def setup(config: ml_collections.ConfigDict,
-          workdir: str) -> tuple[Trainer, TrainState, data_lib.TrainIterator]:
+def setup(run: RunConfig, workdir: str) -> tuple[Trainer, TrainState, data_lib.TrainIterator]:
     """Builds the Trainer, the freshly initialized (sharded) TrainState and the training data iterator."""
-    mesh = sharding.make_mesh(config.sharding.mesh_shape)
-    rules = sharding.rules_from_config(config.sharding.logical_axis_rules)
-    tokenizer = _shared_tokenizer(config.data, workdir)
-    model_config = model_config_from(config, tokenizer.vocab_size)
-    tx = make_optimizer(config, model_config.d_model)
+    mesh = sharding.make_mesh(run.sharding.mesh_shape)
+    rules = sharding.rules_from_config(run.sharding.logical_axis_rules)
+    tokenizer = _shared_tokenizer(run.data, workdir)
+    run = run.with_vocab_size(tokenizer.vocab_size)
+    schedule = schedule_from_config(run.train, run.model.d_model)
+    tx = make_optimizer(run.train, schedule)
     train_iter = data_lib.make_train_iterator(
-        config.data, tokenizer, seed=config.seed, process_index=jax.process_index(),
+        run.data, tokenizer, seed=run.seed, process_index=jax.process_index(),
         process_count=jax.process_count(),
-        batch_multiple=mesh.shape["data"] * config.train.grad_accum_steps)
-    state, state_sharding = create_train_state(model_config, tx, mesh, rules, seed=config.seed)
+        batch_multiple=mesh.shape["data"] * run.train.grad_accum_steps)
+    state, state_sharding = create_train_state(run.model, tx, mesh, rules, seed=run.seed)
     train_step = steps.make_train_step(
-        model_config, tx, mesh, rules, state_sharding, label_smoothing=config.train.label_smoothing,
-        grad_accum_steps=config.train.grad_accum_steps)
-    schedule = schedule_from_config(config, model_config.d_model)
-    trainer = Trainer(config, workdir, mesh, rules, tokenizer, model_config, tx, schedule,
-                      state_sharding, train_step, _peak_flops(config))
+        run.model, tx, mesh, rules, state_sharding, label_smoothing=run.train.label_smoothing,
+        grad_accum_steps=run.train.grad_accum_steps)
+    trainer = Trainer(run, workdir, mesh, rules, tokenizer, task_for(run.data), tx, schedule,
+                      state_sharding, train_step, _peak_flops(run.loop.peak_tflops_per_device))
     return trainer, state, train_iter
 
 
-def _peak_flops(config: ml_collections.ConfigDict) -> float:
+def _peak_flops(peak_tflops_per_device: float) -> float:
     """The MFU denominator per device: the config's figure, or else this device's measured matmul peak."""
-    if config.peak_tflops_per_device:
-        return config.peak_tflops_per_device * 1e12
+    if peak_tflops_per_device:
+        return peak_tflops_per_device * 1e12
     peak = timing.matmul_peak(repeats=10)
     if jax.process_index() == 0:
         print(f"MFU is against this device's measured {peak.dtype} matmul peak: "
@@ -134,19 +139,13 @@ def evaluate_dev(trainer: Trainer, params) -> dict[str, float]:
     """
     if jax.process_count() > 1:
         return {}
-    config = trainer.config
-    metrics = scoring.perplexity(params, trainer.model_config, trainer.dev_batches,
-                                    label_smoothing=config.train.label_smoothing)
+    run = trainer.run
+    metrics = scoring.perplexity(params, run.model, trainer.dev_batches,
+                                 label_smoothing=run.train.label_smoothing)
     results = {f"dev_{k}": v for k, v in metrics.items()}
-    if config.eval_bleu_examples and data_lib.is_parsing(config.data):  # greedy dev F1, not BLEU
-        results.update(parsing.dev_scores(
-            params, trainer.model_config, trainer.tokenizer, config.data, trainer.dev_bleu_batches,
-            max_extra_len=config.final_max_extra_len))
-    elif config.eval_bleu_examples:
-        scores = scoring.translate_and_score(
-            params, trainer.model_config, trainer.tokenizer, trainer.dev_bleu_batches,
-            beam_size=1, max_extra_len=config.final_max_extra_len, target_lang=config.data.tgt_lang)
-        results["dev_bleu"] = scores[scoring.BLEU_KEYS[config.dev_bleu_protocol]]
+    if run.eval.eval_bleu_examples:
+        results.update(trainer.task.dev_scores(params, run.model, trainer.tokenizer, run.data, run.eval,
+                                               trainer.dev_bleu_batches))
     return results
 
 
@@ -171,11 +170,11 @@ def train_loop(trainer: Trainer, state: TrainState, train_iter: data_lib.TrainIt
     saves when the Checkpointer says so, at the end, and on SIGTERM / SIGINT (then stops early). Each save
     first checks the state for NaN/inf on the device (NonFiniteStateError: nothing saved, the run stops).
     """
-    config, mesh = trainer.config, trainer.mesh
-    num_steps, step = config.train.num_steps, int(jax.device_get(state.step))
-    profile_start = config.profile_start_step  # 0: no profile
-    profile_stop = profile_start + config.profile_num_steps
-    config_dict = json.loads(config.to_json_best_effort())
+    run, mesh = trainer.run, trainer.mesh
+    num_steps, step = run.train.num_steps, int(jax.device_get(state.step))
+    profile_start = run.loop.profile_start_step  # 0: no profile
+    profile_stop = profile_start + run.loop.profile_num_steps
+    eval_every = run.eval.eval_every_steps
     sums, interval_flops, interval_tokens, interval_start = None, 0.0, 0, time.time()
     preempted = profiling = False
     metadata = {"tokenizer_sha256": trainer.tokenizer.sha256}
@@ -198,7 +197,7 @@ def train_loop(trainer: Trainer, state: TrainState, train_iter: data_lib.TrainIt
             if profiling and step == profile_stop:
                 jax.profiler.stop_trace()
                 profiling = False
-            if step % config.log_every_steps == 0 or step == num_steps:
+            if step % run.loop.log_every_steps == 0 or step == num_steps:
                 summary = _check_and_summarize(sums, ckpt)
                 elapsed = time.time() - interval_start
                 summary.update(
@@ -209,47 +208,50 @@ def train_loop(trainer: Trainer, state: TrainState, train_iter: data_lib.TrainIt
                     steps_per_sec=(step - writer.last_step) / elapsed)
                 writer.write(step, {f"train_{k}": v for k, v in summary.items()})
                 sums, interval_flops, interval_tokens, interval_start = None, 0.0, 0, time.time()
-            if config.eval_every_steps and step % config.eval_every_steps == 0 and step < num_steps:
+            if eval_every and step % eval_every == 0 and step < num_steps:
                 writer.write(step, evaluate_dev(trainer, state.params))
                 interval_start = time.time()
             preempted = guard.should_stop(step)
             if preempted or ckpt.should_save(step) or step == num_steps:
                 if sums is not None:
                     _check_and_summarize(dict(sums), ckpt)  # never save a non-finite state
-                ckpt.save(step, state, data_state=train_iter.get_state(), config=config_dict,
+                ckpt.save(step, state, data_state=train_iter.get_state(), config=dict(run.saved),
                           force=preempted or step == num_steps, metadata=metadata)
     if profiling:  # the run ended inside the profiled range
         jax.profiler.stop_trace()
     return state, step, preempted
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+def train_and_evaluate(run: RunConfig, workdir: str) -> dict[str, Any]:
     """Trains (resuming from ``workdir`` if it holds checkpoints), evaluates, and returns final metrics.
+
+    ``run`` comes from ``run_config.build_run_config``, which checked the whole config and every input
+    file before anything is built.
 
     SIGTERM / SIGINT from here on end the run cleanly in every phase (exit 0 from train.py): see
     ``preemption.py``. The returned dict then holds ``{"preempted": True, "step": ...}``.
     """
     with PreemptionGuard() as guard:
-        validate_config(config)
         os.makedirs(workdir, exist_ok=True)
         with WorkdirLock(workdir, enabled=jax.process_index() == 0):
-            return _train_locked(config, workdir, guard)
+            return _train_locked(run, workdir, guard)
 
 
-def _train_locked(config: ml_collections.ConfigDict, workdir: str, guard: PreemptionGuard) -> dict[str, Any]:
+def _train_locked(run: RunConfig, workdir: str, guard: PreemptionGuard) -> dict[str, Any]:
     started = time.time()
     is_main = jax.process_index() == 0
+    policy = run.checkpoint
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"),
-                        save_every_steps=config.checkpoint_every_steps or None,
-                        save_every_minutes=config.checkpoint_every_minutes or None,
-                        max_to_keep=config.checkpoint_keep)
+                        save_every_steps=policy.checkpoint_every_steps or None,
+                        save_every_minutes=policy.checkpoint_every_minutes or None,
+                        max_to_keep=policy.checkpoint_keep)
     # ``with ckpt``: on any exception, a save in flight is finished before the process exits.
     with ckpt:
-        restore.check_workdir(ckpt, config, workdir)  # same model and tokenizer, before anything compiles
-        trainer, state, train_iter = setup(config, workdir)
+        restore.check_workdir(ckpt, run, workdir)  # same model and tokenizer, before anything compiles
+        trainer, state, train_iter = setup(run, workdir)
         state = resume(ckpt, state, train_iter)
         step = int(jax.device_get(state.step))
-        writer = MetricWriter(workdir, enabled=is_main, total_steps=config.train.num_steps,
+        writer = MetricWriter(workdir, enabled=is_main, total_steps=run.train.num_steps,
                               initial_step=step)
         with contextlib.closing(writer):
             if guard.should_stop(step):  # the signal came during setup: nothing new to save
@@ -280,8 +282,8 @@ def _train_locked(config: ml_collections.ConfigDict, workdir: str, guard: Preemp
         path = os.path.join(workdir, "final.json")
         with open(path, "w") as f:
             json.dump(final, f, indent=1, default=str)
-        if config.final_eval_split:
-            print(paper_tables.final_summary(final, config))
+        if run.eval.final_eval_split:
+            print(paper_tables.final_summary(final, run.data, run.eval))
         print(f"All final numbers: {path}")
     return final
 
@@ -290,26 +292,27 @@ def _final_evaluation(trainer: Trainer, state: TrainState, step: int, started: f
                       ckpt: Checkpointer) -> dict[str, Any]:
     """Dev metrics and the report on ``config.final_eval_split`` (single-process runs) of the final model.
 
-    The final model is the final state's parameters, or with ``config.final_average_last`` N > 1 the
+    The final model is the final state's parameters, or with ``eval.final_average_last`` N > 1 the
     mean of the newest N checkpoints (the paper averages the last 5 or 20; fewer are averaged, and the
     count reported, when the run saved fewer).
     """
-    config = trainer.config
+    run = trainer.run
     final = {"step": step, "train_seconds": time.time() - started}
     params = state.params
     saved = [s for s in ckpt.all_steps() if s <= step]
-    if config.final_average_last > 1 and len(saved) > 1:
-        chosen = saved[-config.final_average_last:]
+    if run.eval.final_average_last > 1 and len(saved) > 1:
+        chosen = saved[-run.eval.final_average_last:]
         params = average_checkpoints(ckpt.directory, abstract_state(state), len(chosen), steps=chosen)
         final["averaged_checkpoints"] = len(chosen)
         final["averaged_steps"] = chosen
     with jax.set_mesh(trainer.mesh), nn.logical_axis_rules(trainer.rules):
         final.update(evaluate_dev(trainer, params))
-    if config.final_eval_split and jax.process_count() == 1:
-        final.update(scoring.final_report(
-            params, trainer.model_config, trainer.tokenizer, config.data,
-            split=config.final_eval_split, beam_size=config.final_beam_size, alpha=config.final_alpha,
-            max_extra_len=config.final_max_extra_len))
+    split = run.eval.final_eval_split
+    if split and jax.process_count() == 1:
+        batches = data_lib.make_eval_batches(run.data, trainer.tokenizer, split)
+        final[f"{split}_ppl"] = scoring.perplexity(params, run.model, batches)["ppl"]
+        final.update(trainer.task.final_report(params, run.model, trainer.tokenizer, run.data, run.eval,
+                                               batches, split=split, run_name=run.name))
     return final
 
 

@@ -11,12 +11,12 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 from flax import struct
 
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.transformer import Transformer
+from transformer_jax.run_config import TrainConfig
 from transformer_jax.runtime import sharding
 
 
@@ -50,23 +50,17 @@ def learning_rate_schedule(d_model: int, warmup_steps: int, scale: float = 1.0, 
     return schedule
 
 
-def schedule_from_config(config: ml_collections.ConfigDict, d_model: int):
-    """``learning_rate_schedule`` with the fields of ``config.train``.
-
-    Configs saved in checkpoints before ``train.cooldown_steps`` existed have no cooldown.
-    """
-    t = config.train
-    return learning_rate_schedule(d_model, t.warmup_steps, t.learning_rate_scale,
-                                  num_steps=t.num_steps, cooldown_steps=t.get("cooldown_steps", 0))
+def schedule_from_config(train: TrainConfig, d_model: int):
+    """``learning_rate_schedule`` with the fields of ``config.train``: the run's one schedule."""
+    return learning_rate_schedule(d_model, train.warmup_steps, train.learning_rate_scale,
+                                  num_steps=train.num_steps, cooldown_steps=train.cooldown_steps)
 
 
-def make_optimizer(config: ml_collections.ConfigDict, d_model: int) -> optax.GradientTransformation:
-    """Adam with the paper's betas, epsilon and schedule; optional global-norm clipping."""
-    t = config.train
-    schedule = schedule_from_config(config, d_model)
-    adam = optax.adam(schedule, b1=t.adam_b1, b2=t.adam_b2, eps=t.adam_eps)
-    if t.max_grad_norm > 0:
-        return optax.chain(optax.clip_by_global_norm(t.max_grad_norm), adam)
+def make_optimizer(train: TrainConfig, schedule) -> optax.GradientTransformation:
+    """Adam with the paper's betas and epsilon over ``schedule``; optional global-norm clipping."""
+    adam = optax.adam(schedule, b1=train.adam_b1, b2=train.adam_b2, eps=train.adam_eps)
+    if train.max_grad_norm > 0:
+        return optax.chain(optax.clip_by_global_norm(train.max_grad_norm), adam)
     return adam
 
 
