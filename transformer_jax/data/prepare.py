@@ -53,7 +53,7 @@ class RemoteFile:
 
 
 MULTI30K_BASE_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/"
-# From ../shared/data/SOURCES.md: the files as in the repository since commit c9be912 (2018-01-17).
+# The files as in the dataset's repository since its commit c9be912 (2018-01-17).
 MULTI30K_FILES = (
     RemoteFile("train.en.gz", "train.en", "460a15fbd157e34a7a9957ee388c1ca247fe47af3ef25fb50442af6c274e0fc6"),
     RemoteFile("train.de.gz", "train.de", "2c2b73fd2b548fbcde3a875e0a78d6ee94d498bfdee6bd3eae3945779e9ddf72"),
