@@ -6,6 +6,8 @@ train.py and evaluate.py would (the final ``metrics.jsonl`` record and ``eval/de
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 from absl import flags
@@ -381,3 +383,12 @@ def test_print_grid_commands_carry_the_overrides(tmp_path, capsys):
     assert "--config.model.dropout_rate=0.0 '--config.data.length_buckets=(16,64)'" in out
 
 
+
+
+def test_the_command_line_takes_its_subcommand():
+    """``python -m transformer_jax.sweep params ...`` as a user types it: the subcommand is not rejected."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-m", "transformer_jax.sweep", "params", "--scale", "cpu",
+                           "--rows", "C"], cwd=repo, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "| C-dff4096 | d_ff=512 |" in done.stdout
