@@ -304,7 +304,7 @@ def test_print_and_slurm_launchers(tmp_path, capsys):
     assert out.count("train.py --config=configs/table3.py:") == 4  # base is added, with 3 seeds
     assert out.count("train.py --config=configs/table3.py:base,cpu --config.seed=2 ") == 1
     assert "--config=configs/table3.py:C-dmodel256,cpu" in out and "evaluate.py" in out
-    assert "--split=dev --beam_size=1" in out and "(paper x10^6: 28)" in out
+    assert "--split=dev --beam_size=1 --average_last=1" in out and "(paper x10^6: 28)" in out
 
 
 def test_overrides_reach_every_row_typed(tmp_path, capsys):
