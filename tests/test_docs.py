@@ -309,7 +309,7 @@ def all_doc_commands() -> list[Command]:
 
 def test_every_doc_command_names_flags_configs_and_modules_that_exist():
     commands = all_doc_commands()
-    assert len(commands) >= 30  # the parser found the docs' commands (it would pass vacuously otherwise)
+    assert len(commands) >= 20  # the parser found the docs' commands (51 when written; else vacuous)
     problems = [f"{c.where}: {problem}\n    {c.text}"
                 for c in commands for problem in command_problems(c.argv)]
     assert not problems, "\n".join(problems)
