@@ -1,6 +1,7 @@
 """Scores a trained workdir against the paper: `python evaluate.py --workdir=DIR [options]`.
 
-Restores the run's config, tokenizer and a checkpoint (optionally the average of the last N), then
+Restores the run's config, tokenizer and a checkpoint (or the average of the last N: by default the
+run's final_average_last, as in its final report; the last line says which steps), then
 reports per-subword perplexity, sacreBLEU (with its signature) and the paper's tokenized compound-split
 BLEU, beside the paper's Table 2 (newstest2014) or Table 3 (newstest2013) row for the config.
 Writes <output_dir>/<split or source file name>-<step>[-avg<N>].txt/.json and never replaces an earlier
@@ -18,8 +19,9 @@ from transformer_jax.runtime import errors
 _WORKDIR = flags.DEFINE_string("workdir", "workdir", "A train.py workdir.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest good one).")
 _AVERAGE_LAST = flags.DEFINE_integer(
-    "average_last", 0,
-    "Average the last N checkpoints up to --step (paper: 5 base, 20 big); 0 or 1: no averaging.")
+    "average_last", None,
+    "Average the last N checkpoints up to --step (paper: 5 base, 20 big); 0 or 1: no averaging; "
+    "default: the run config's final_average_last, as the training's final report averaged.")
 _SPLIT = flags.DEFINE_enum("split", "test", ["dev", "test"],
                            "Split of the run's data config to score (test: newstest2014 for WMT).")
 _SOURCE_FILE = flags.DEFINE_string(
@@ -61,6 +63,16 @@ def main(argv):
     print(json.dumps(results, indent=1))
     print()
     print(table)
+    print(_averaged_line(results["averaged_steps"], default=_AVERAGE_LAST.value is None))
+
+
+def _averaged_line(steps: list[int], *, default: bool) -> str:
+    """What was scored: one checkpoint, or the mean of which ones (and where the N came from)."""
+    source = "the run's final_average_last" if default else "--average_last"
+    if len(steps) == 1:
+        return f"scored the checkpoint at step {steps[0]} (no averaging: {source} <= 1)"
+    return (f"scored the mean of the {len(steps)} checkpoints at steps {', '.join(map(str, steps))} "
+            f"({source}={len(steps)})")
 
 
 if __name__ == "__main__":

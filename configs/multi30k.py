@@ -15,7 +15,7 @@ def get_config():
     config.name = "multi30k"
     config.data.source = "text"
     # Made by `python -m transformer_jax.data.prepare multi30k --dir=DIR`; pass --config.data.dir=DIR.
-    config.data.dir = "../shared/data/multi30k"
+    config.data.dir = "data/multi30k"
     config.data.train_prefix = "train"
     config.data.dev_prefix = "val"
     config.data.test_prefix = "test"

@@ -1,7 +1,7 @@
 """Parsing on the NLTK sample of the Penn Treebank (3,914 WSJ trees): a CPU-sized Table 4 check.
 
-    python train.py --config=configs/ptb_sample.py --config.data.dir=../shared/data/ptb_sample \
-        --workdir=runs/ptb_sample
+    python -m transformer_jax.data.prepare ptb_sample --dir=data/ptb_sample  # once: fetch, check
+    python train.py --config=configs/ptb_sample.py --config.data.dir=data/ptb_sample --workdir=runs/ptb_sample
 
 Files 0001-0159 train (3,396 trees), 0160-0179 dev (273), 0180-0199 test (245). Its F1 is NOT
 comparable with the paper's 91.3, which trained on WSJ sections 02-21 (about 40k trees, 12x more)
@@ -17,7 +17,9 @@ def get_config():
     config.name = "ptb_sample"
 
     config.data.source = "ptb"  # Penn Treebank .mrg files (transformer_jax/data/treebank.py)
-    config.data.dir = "../shared/data/ptb_sample"  # a flat folder of wsj_0001.mrg .. wsj_0199.mrg
+    # A flat folder of wsj_0001.mrg .. wsj_0199.mrg, as `python -m transformer_jax.data.prepare ptb_sample
+    # --dir=DIR` installs them; pass --config.data.dir=DIR.
+    config.data.dir = "data/ptb_sample"
     config.data.ptb_train_files = "0001-0159"  # file numbers (four digits), not sections
     config.data.ptb_dev_files = "0160-0179"
     config.data.ptb_test_files = "0180-0199"

@@ -123,3 +123,45 @@ def test_an_unwritable_output_folder_fails_before_restoring(workdir, tmp_path):
     blocker.write_text("not a folder")
     with pytest.raises(UserError, match=r"cannot write the results to .*a_file/eval.*--output_dir"):
         scoring.evaluate_workdir(path, output_dir=str(blocker / "eval"))
+
+
+@pytest.fixture(scope="module")
+def averaging_workdir(tmp_path_factory):
+    """A 4-step run whose config averages its last 2 checkpoints (steps 2 and 4)."""
+    path = tmp_path_factory.mktemp("evaluate_cli_average")
+    loop.train_and_evaluate(config_with({**TINY, "final_average_last": 2}), str(path))
+    return str(path)
+
+
+def test_average_last_defaults_to_the_runs_final_average_last(averaging_workdir, tmp_path):
+    path = averaging_workdir
+    result = _evaluate(f"--workdir={path}", "--split=dev", *FAST)
+    assert result.returncode == 0, result.stderr
+    with open(os.path.join(path, "eval", "dev-4-avg2.json")) as f:
+        written = json.load(f)
+    assert (written["average_last"], written["averaged_steps"]) == (2, [2, 4])
+    assert result.stdout.strip().splitlines()[-1] == (
+        "scored the mean of the 2 checkpoints at steps 2, 4 (the run's final_average_last=2)")
+
+    # The same scores as asking for it; --average_last=1 scores step 4 alone, and says so.
+    explicit = scoring.evaluate_workdir(path, split="dev", average_last=2, beam_size=1, max_extra_len=4,
+                                        output_dir=str(tmp_path / "explicit"))
+    assert explicit["ppl"] == pytest.approx(written["ppl"], rel=1e-6)
+    alone = _evaluate(f"--workdir={path}", "--split=dev", "--average_last=1", *FAST)
+    assert alone.returncode == 0, alone.stderr
+    assert alone.stdout.strip().splitlines()[-1] == (
+        "scored the checkpoint at step 4 (no averaging: --average_last <= 1)")
+    with open(os.path.join(path, "eval", "dev-4.json")) as f:
+        single = json.load(f)
+    assert single["averaged_steps"] == [4] and single["ppl"] != pytest.approx(written["ppl"], rel=1e-6)
+
+
+def test_the_default_average_names_its_source_when_too_few_checkpoints(averaging_workdir, tmp_path):
+    with pytest.raises(ConfigError, match=(
+            r"--average_last=2 \(the default: the run's final_average_last\) needs 2 checkpoints "
+            r"up to step 2 .* found 1: \[2\]; pass --average_last=1 to score step 2 alone")):
+        scoring.evaluate_workdir(averaging_workdir, step=2, beam_size=1, max_extra_len=4,
+                                 output_dir=str(tmp_path / "out"))
+    scored = scoring.evaluate_workdir(averaging_workdir, step=2, average_last=1, beam_size=1,
+                                      max_extra_len=4, output_dir=str(tmp_path / "out"))
+    assert scored["averaged_steps"] == [2]

@@ -1,14 +1,17 @@
 """Tests for transformer_jax.data.prepare against a local HTTP server on 127.0.0.1 (no internet needed)."""
 
+import dataclasses
 import gzip
 import hashlib
 import http.server
+import io
 import re
 import socket
 import subprocess
 import sys
 import threading
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,7 @@ from transformer_jax.data import prepare
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
+SHARED_PTB_SAMPLE = REPO.parent / "shared" / "data" / "ptb_sample"
 
 
 def _text(n_lines: int, seed: int) -> bytes:
@@ -188,7 +192,8 @@ def test_a_present_file_with_the_wrong_hash_is_replaced(tmp_path, server):
 
 
 def test_unknown_data_set(tmp_path):
-    with pytest.raises(ValueError, match=r"unknown data set 'wmt99'; choose from \['multi30k'\]"):
+    with pytest.raises(ValueError, match=r"unknown data set 'wmt99'; choose from "
+                                         r"\['multi30k', 'ptb_sample'\]"):
         prepare.prepare("wmt99", tmp_path)
 
 
@@ -202,6 +207,7 @@ def test_cli_help_and_user_errors(tmp_path, closed_port_url):
     for flag in ("--dir", "--base_url", "--timeout"):
         assert flag in helped.stdout
     assert "python -m transformer_jax.data.prepare multi30k" in helped.stdout
+    assert "python -m transformer_jax.data.prepare ptb_sample" in helped.stdout
     for args, expected in [
         (("multi30k", f"--dir={tmp_path / 'm'}", f"--base_url={closed_port_url}"), "cannot reach"),
         (("multi30k",), "--dir is required"),
@@ -236,3 +242,135 @@ def test_cli_installs_real_multi30k_from_a_local_mirror(tmp_path, server):
     for file in prepare.MULTI30K_FILES:
         assert (out / file.local).read_bytes() == (SHARED_MULTI30K / file.local).read_bytes()
     assert sorted(p.name for p in out.iterdir()) == sorted(f.local for f in prepare.MULTI30K_FILES)
+
+
+# ------------------------------------------------------------------------ ptb_sample: a zip of .mrg files
+
+MRG = {f"wsj_{i:04d}.mrg": f"( (S (NP-SBJ (NNP Name{i}) ) (VP (VBZ runs) ) (. .) ))\n".encode() * (40 + i)
+       for i in (1, 2, 3, 4, 5)}
+MRG_SHA256 = hashlib.sha256(b"".join(MRG[name] for name in sorted(MRG))).hexdigest()
+ZIP_FOLDER = "treebank/combined/"
+
+
+def _zip(members: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+# The layout of nltk_data's treebank.zip: the same names under other folders are not installed.
+TREEBANK_ZIP = _zip({"treebank/README": b"readme\n",
+                     **{f"treebank/parsed/{n[:-4]}.prd": b"(S x)\n" for n in MRG},
+                     **{ZIP_FOLDER + name: data for name, data in MRG.items()},
+                     ZIP_FOLDER + "wsj_0006.mrg": b"(not installed)\n"})
+SMALL_ZIP = prepare.RemoteZip("treebank.zip", ZIP_FOLDER, tuple(sorted(MRG)), MRG_SHA256)
+
+
+@pytest.fixture
+def small_ptb_sample(monkeypatch, server):
+    """``prepare("ptb_sample")`` on the synthetic zip: its five files and their hash, served locally."""
+    monkeypatch.setitem(prepare.DATASETS, "ptb_sample",
+                        (server.url, (dataclasses.replace(prepare.PTB_SAMPLE_ZIP, locals=SMALL_ZIP.locals,
+                                                          sha256=MRG_SHA256),)))
+    server.files = {"treebank.zip": TREEBANK_ZIP}
+    return server
+
+
+def _assert_mrg_installed(folder: Path, extra=()):
+    for name, data in MRG.items():
+        assert (folder / name).read_bytes() == data, name
+    assert sorted(p.name for p in folder.iterdir()) == sorted([*MRG, *extra])  # no .part, no temp files
+
+
+def test_ptb_sample_installs_the_combined_files_prints_the_terms_and_a_rerun_touches_nothing(
+        tmp_path, small_ptb_sample):
+    log = []
+    paths = prepare.prepare("ptb_sample", tmp_path / "ptb", timeout=5.0, log=log.append)
+    assert paths == [tmp_path / "ptb" / name for name in sorted(MRG)]
+    _assert_mrg_installed(tmp_path / "ptb")
+    assert "This data is for non-commercial use only." in log[0] and "(C) LDC 1995" in log[0]
+    assert log[-1] == f"{tmp_path / 'ptb' / 'wsj_0001.mrg'} .. wsj_0005.mrg: downloaded from " \
+                      f"{small_ptb_sample.url}treebank.zip, sha256 ok"
+    log = []
+    assert prepare.prepare("ptb_sample", tmp_path / "ptb", timeout=5.0, log=log.append) == paths
+    assert small_ptb_sample.requests == [("treebank.zip", None)]  # nothing downloaded again
+    assert "present, sha256 ok" in log[-1] and "terms of use" in log[0]
+
+
+def test_ptb_sample_hash_mismatch_names_both_hashes_and_installs_nothing(tmp_path, small_ptb_sample):
+    altered = dict(MRG, **{"wsj_0003.mrg": MRG["wsj_0003.mrg"].replace(b"runs", b"walks")})
+    small_ptb_sample.files = {"treebank.zip": _zip({ZIP_FOLDER + n: d for n, d in altered.items()})}
+    found = hashlib.sha256(b"".join(altered[n] for n in sorted(altered))).hexdigest()
+    with pytest.raises(prepare.ChecksumError, match=(
+            rf"treebank\.zip: sha256 of the extracted wsj_0001\.mrg \.\. wsj_0005\.mrg concatenated in name "
+            rf"order is {found}, expected {MRG_SHA256}; wsj_0001\.mrg \.\. wsj_0005\.mrg not installed")):
+        prepare.prepare("ptb_sample", tmp_path / "ptb", timeout=5.0, log=lambda _: None)
+    assert list((tmp_path / "ptb").iterdir()) == []  # no .mrg, no .part, no temp file
+
+
+def test_ptb_sample_zip_without_a_file_says_which(tmp_path, server):
+    server.files = {"treebank.zip": _zip({ZIP_FOLDER + n: d for n, d in MRG.items() if n != "wsj_0004.mrg"})}
+    with pytest.raises(prepare.ChecksumError, match=r"1 of the 5 files to install are not in its folder "
+                                                    r"treebank/combined/, e\.g\. wsj_0004\.mrg"):
+        _fetch(tmp_path, server.url, files=(SMALL_ZIP,))
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_ptb_sample_truncated_zip_resumes_and_a_corrupt_resume_downloads_again(tmp_path, server):
+    server.files, server.truncate = {"treebank.zip": TREEBANK_ZIP}, {"treebank.zip"}
+    size = len(TREEBANK_ZIP)
+    with pytest.raises(prepare.DownloadError, match=rf"broke off after {size // 2} of {size} bytes; rerun"):
+        _fetch(tmp_path, server.url, files=(SMALL_ZIP,))
+    out = tmp_path / "out"
+    assert (out / "treebank.zip.part").stat().st_size == size // 2 and not (out / "wsj_0001.mrg").exists()
+    _fetch(tmp_path, server.url, files=(SMALL_ZIP,))
+    _assert_mrg_installed(out)
+    assert server.requests[-1] == ("treebank.zip", f"bytes={size // 2}-")
+
+    # A .part that is a full-length zip of the wrong bytes: resumed (416), fails, fetched afresh once.
+    for name in MRG:
+        (out / name).unlink()
+    (out / "treebank.zip.part").write_bytes(bytes(size))
+    log = []
+    _fetch(tmp_path, server.url, files=(SMALL_ZIP,), log=log)
+    _assert_mrg_installed(out)
+    assert server.requests[-2:] == [("treebank.zip", f"bytes={size}-"), ("treebank.zip", None)]
+    assert any("failed its check (not a complete zip file" in line for line in log)
+
+
+def test_ptb_sample_offline_fails_fast_and_a_zip_put_there_by_hand_is_used(tmp_path, closed_port_url):
+    start = time.monotonic()
+    with pytest.raises(prepare.DownloadError) as info:
+        _fetch(tmp_path, closed_port_url, files=(SMALL_ZIP,))
+    assert time.monotonic() - start < 5.0
+    assert str(info.value).startswith(f"cannot reach {closed_port_url}treebank.zip (")
+    assert f"download treebank.zip from {closed_port_url} into {tmp_path / 'out'}/" in str(info.value)
+    (tmp_path / "out" / "treebank.zip").write_bytes(TREEBANK_ZIP)
+    _fetch(tmp_path, closed_port_url, files=(SMALL_ZIP,))
+    _assert_mrg_installed(tmp_path / "out", extra=("treebank.zip",))  # the user's zip is left alone
+
+
+def _shared_ptb_sample_files() -> list[Path]:
+    if not SHARED_PTB_SAMPLE.is_dir():
+        pytest.skip(f"shared Penn Treebank sample not found at {SHARED_PTB_SAMPLE}")
+    return sorted(SHARED_PTB_SAMPLE.glob("wsj_*.mrg"))
+
+
+def test_ptb_sample_hash_matches_the_shared_files():
+    files = _shared_ptb_sample_files()
+    assert [p.name for p in files] == list(prepare.PTB_SAMPLE_ZIP.locals)
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()
+    assert digest == prepare.PTB_SAMPLE_ZIP.sha256
+
+
+def test_cli_installs_the_real_ptb_sample_from_a_local_mirror(tmp_path, server):
+    files = _shared_ptb_sample_files()
+    server.files = {"treebank.zip": _zip({ZIP_FOLDER + p.name: p.read_bytes() for p in files})}
+    out = tmp_path / "ptb_sample"
+    done = _run_cli("ptb_sample", f"--dir={out}", f"--base_url={server.url}")
+    assert done.returncode == 0, done.stderr
+    assert "199 files ready" in done.stdout and "non-commercial use only" in done.stdout
+    assert sorted(p.name for p in out.iterdir()) == [p.name for p in files]
+    assert all((out / p.name).read_bytes() == p.read_bytes() for p in files)

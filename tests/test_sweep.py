@@ -6,6 +6,8 @@ train.py and evaluate.py would (the final ``metrics.jsonl`` record and ``eval/de
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 from absl import flags
@@ -302,7 +304,7 @@ def test_print_and_slurm_launchers(tmp_path, capsys):
     assert out.count("train.py --config=configs/table3.py:") == 4  # base is added, with 3 seeds
     assert out.count("train.py --config=configs/table3.py:base,cpu --config.seed=2 ") == 1
     assert "--config=configs/table3.py:C-dmodel256,cpu" in out and "evaluate.py" in out
-    assert "--split=dev --beam_size=1" in out and "(paper x10^6: 28)" in out
+    assert "--split=dev --beam_size=1 --average_last=1" in out and "(paper x10^6: 28)" in out
 
 
 def test_overrides_reach_every_row_typed(tmp_path, capsys):
@@ -381,3 +383,12 @@ def test_print_grid_commands_carry_the_overrides(tmp_path, capsys):
     assert "--config.model.dropout_rate=0.0 '--config.data.length_buckets=(16,64)'" in out
 
 
+
+
+def test_the_command_line_takes_its_subcommand():
+    """``python -m transformer_jax.sweep params ...`` as a user types it: the subcommand is not rejected."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-m", "transformer_jax.sweep", "params", "--scale", "cpu",
+                           "--rows", "C"], cwd=repo, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "| C-dff4096 | d_ff=512 |" in done.stdout

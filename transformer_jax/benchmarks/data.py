@@ -1,6 +1,6 @@
 """Throughput of tokenize + batch on Multi30k train, on one core.
 
-    python -m transformer_jax.benchmarks.data [--data_dir=/work/shared/data/multi30k]
+    python -m transformer_jax.benchmarks.data [--data_dir=data/multi30k]
         [--vocab_size=8000] [--workdir=DIR] [--repeats=3]
 
 Trains (or loads from --workdir) the tokenizer first, untimed; then times, with SentencePiece on
@@ -23,12 +23,13 @@ from transformer_jax.data.sources import get_source
 from transformer_jax.data.tokenizer import load_or_train_tokenizer
 from transformer_jax.runtime import errors
 
-_DEFAULT_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "multi30k"
+# Where `python -m transformer_jax.data.prepare multi30k --dir=data/multi30k` puts it.
+_DEFAULT_DIR = "data/multi30k"
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     """The flags of ``python -m transformer_jax.benchmarks.data``."""
-    flags.DEFINE_string("data_dir", str(_DEFAULT_DIR),
+    flags.DEFINE_string("data_dir", _DEFAULT_DIR,
                         "Directory of the Multi30k text files (train.en, train.de, val.*, test.*).",
                         flag_values=flag_values)
     flags.DEFINE_integer("vocab_size", 8000, "Size of the shared SentencePiece vocabulary to train.",
@@ -46,7 +47,8 @@ def main(argv: list[str]) -> None:
     args = flags.FLAGS
     if not Path(args.data_dir).is_dir():
         raise FileNotFoundError(f"--data_dir={args.data_dir} is not a directory; pass the Multi30k text "
-                                "directory (see /work/shared/data/SOURCES.md)")
+                                "directory, as `python -m transformer_jax.data.prepare multi30k "
+                                "--dir=DIR` makes it")
 
     cfg = default_data_config(
         source="text",

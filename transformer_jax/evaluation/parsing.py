@@ -158,7 +158,8 @@ def summary_keys() -> tuple[str, ...]:
 
 
 def evaluate_restored(restored, params, batches, ppl: dict, *, split: str, average_last: int,
-                      source_file: str | None, beam_size: int, alpha: float, max_extra_len: int,
+                      averaged_steps: list[int] | None = None, source_file: str | None,
+                      beam_size: int, alpha: float, max_extra_len: int,
                       out_dir: str) -> dict[str, Any]:
     """``evaluation.evaluate_workdir`` for a parsing run: F1 and friends, outputs written, Table 4.
 
@@ -177,7 +178,8 @@ def evaluate_restored(restored, params, batches, ppl: dict, *, split: str, avera
     report = score_batches(params, restored.model_config, restored.tokenizer, run.data, split,
                            batches, beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len)
     results = {"config": run.name, "task": "parsing", "split": split, "step": restored.step,
-               "average_last": average_last, "beam_size": beam_size, "alpha": alpha,
+               "average_last": average_last, "averaged_steps": averaged_steps or [restored.step],
+               "beam_size": beam_size, "alpha": alpha,
                "max_extra_len": max_extra_len, "ppl": ppl["ppl"], "nll": ppl["nll"],
                **{key: report[key] for key in summary_keys()},
                "num_sentences": report["sentences"], "error_messages": report["error_messages"]}

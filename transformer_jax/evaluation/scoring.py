@@ -103,17 +103,29 @@ def translate_and_score(params, model_config: ModelConfig, tokenizer, batches, *
             "sources": sources}
 
 
-def averaged_params(restored: Restored, average_last: int):
-    """The mean parameters of the ``average_last`` checkpoints ending at ``restored.step``."""
+def steps_to_average(restored: Restored, average_last: int, *, from_config: bool = False) -> list[int]:
+    """The ``average_last`` newest checkpoint steps up to ``restored.step``, oldest first.
+
+    ``from_config``: ``average_last`` is the run's ``final_average_last`` (evaluate.py's default), which
+    the error then names, with how to score fewer.
+    """
     with Checkpointer(restored.checkpoint_dir, save_every_steps=None, save_every_minutes=None,
                       read_only=True) as ckpt:
         available = [s for s in ckpt.all_steps() if s <= restored.step]
     if len(available) < average_last:
-        raise ConfigError(f"--average_last={average_last} needs {average_last} checkpoints up to step "
-                         f"{restored.step} in {restored.checkpoint_dir}; found {len(available)}: "
-                         f"{available}")
-    return average_checkpoints(restored.checkpoint_dir, restored.abstract_params, average_last,
-                               steps=available[-average_last:])
+        given = (f"--average_last={average_last} (the default: the run's final_average_last)" if from_config
+                 else f"--average_last={average_last}")
+        fix = (f"; pass --average_last=1 to score step {restored.step} alone" if from_config else "")
+        raise ConfigError(f"{given} needs {average_last} checkpoints up to step {restored.step} in "
+                          f"{restored.checkpoint_dir}; found {len(available)}: {available}{fix}")
+    return available[-average_last:]
+
+
+def averaged_params(restored: Restored, average_last: int, *, steps: list[int] | None = None):
+    """The mean parameters of the ``average_last`` checkpoints ending at ``restored.step`` (or of
+    ``steps``, from ``steps_to_average``)."""
+    steps = steps_to_average(restored, average_last) if steps is None else steps
+    return average_checkpoints(restored.checkpoint_dir, restored.abstract_params, len(steps), steps=steps)
 
 
 def _split_batches(data_config, tokenizer, split: str, source_file: str | None,
@@ -134,7 +146,7 @@ def _split_batches(data_config, tokenizer, split: str, source_file: str | None,
                                              locations=[f"{source_file}:{n}" for n in lines])
 
 
-def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int = 0,
+def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int | None = None,
                      split: str = "test", source_file: str | None = None,
                      reference_file: str | None = None, beam_size: int | None = None,
                      alpha: float | None = None,
@@ -154,7 +166,9 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
     Args:
       workdir: a directory written by ``train.py`` (checkpoints, tokenizer, config).
       step: the checkpoint to score; None for the latest good one.
-      average_last: average the parameters of the last N checkpoints (ending at ``step``) first.
+      average_last: average the parameters of the last N checkpoints (ending at ``step``) first; None
+        takes the run config's ``final_average_last`` (as the training's final report did); 0 or 1: none.
+        The steps averaged are returned (and written) as ``averaged_steps``.
       split: "dev" or "test" of the run's data config; ignored when files are given.
       source_file, reference_file: score on these line-aligned files instead.
       beam_size, alpha, max_extra_len: decoding settings (see ``translate``); None takes the run
@@ -172,24 +186,30 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
     beam_size = run.eval.final_beam_size if beam_size is None else beam_size
     alpha = run.eval.final_alpha if alpha is None else alpha
     max_extra_len = run.eval.final_max_extra_len if max_extra_len is None else max_extra_len
+    from_config = average_last is None
+    average_last = run.eval.final_average_last if from_config else average_last
     max_length = _decodable_length(model_config, run.data, max_extra_len)
     stem = evaluate_args.output_stem(out_dir, split=split, step=restored.step, source_file=source_file,
                                      average_last=average_last)
     txt_path, json_path = evaluate_args.claim_outputs(stem, overwrite=overwrite)
-    params = averaged_params(restored, average_last) if average_last > 1 else restored.params
+    averaged_steps = (steps_to_average(restored, average_last, from_config=from_config)
+                      if average_last > 1 else [restored.step])
+    params = (averaged_params(restored, average_last, steps=averaged_steps) if average_last > 1
+              else restored.params)
     split, batches = _split_batches(run.data, tokenizer, split, source_file, reference_file,
                                     max_length)
     ppl = perplexity(params, model_config, batches)
     if data_lib.is_parsing(run.data):  # F1 and Table 4, not BLEU (parsing.py)
         return parsing.evaluate_restored(
             restored, params, batches, ppl, split=split, average_last=average_last,
-            source_file=source_file, beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len,
-            out_dir=out_dir)
+            averaged_steps=averaged_steps, source_file=source_file, beam_size=beam_size, alpha=alpha,
+            max_extra_len=max_extra_len, out_dir=out_dir)
     scores = translate_and_score(params, model_config, tokenizer, batches, beam_size=beam_size,
                                  alpha=alpha, max_extra_len=max_extra_len,
                                  target_lang=run.data.tgt_lang)
     results = {
         "config": run.name, "split": split, "step": restored.step, "average_last": average_last,
+        "averaged_steps": averaged_steps,
         "beam_size": beam_size, "alpha": alpha, "num_sentences": len(scores["hypotheses"]),
         "ppl": ppl["ppl"], "nll": ppl["nll"], "sacrebleu": scores["sacrebleu"],
         "sacrebleu_signature": scores["sacrebleu_signature"],

@@ -70,17 +70,18 @@ def short_errors(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]
     return wrapped
 
 
-def run_main(main: Callable[[list[str]], Any]) -> None:
+def run_main(main: Callable[[list[str]], Any], *, takes_args: bool = False) -> None:
     """``absl.app.run(main)`` for every entry point: the one opening all ``main`` functions share.
 
     Before ``main`` runs: glibc's malloc keeps freed memory (``host_memory``, before jax starts its
-    threads) and stray positional arguments are a usage error. User errors print one or two lines and
-    exit 1 (see the module docstring).
+    threads) and stray positional arguments are a usage error, unless ``takes_args`` (``main`` checks
+    them: a data set name, a subcommand). User errors print one or two lines and exit 1 (see the module
+    docstring).
     """
 
     def opened(argv: list[str]) -> Any:
         host_memory.keep_freed_memory()
-        if len(argv) > 1:
+        if len(argv) > 1 and not takes_args:
             raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
         return main(argv)
 

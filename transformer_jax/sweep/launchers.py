@@ -38,8 +38,10 @@ def train_command(row: Row, row_dir: str, python: str) -> list[str]:
 
 def evaluate_command(row_dir: str, python: str, beam_size: int) -> list[str]:
     # --overwrite: a rerun of the sweep scores a row's dev split again (evaluate.py refuses otherwise).
+    # --average_last=1: a row is scored by its last checkpoint (Table 3), whatever its config averages,
+    # and latest_dev_eval reads dev-<step>.json.
     return [python, "evaluate.py", f"--workdir={row_dir}", "--split=dev", f"--beam_size={beam_size}",
-            "--overwrite"]
+            "--average_last=1", "--overwrite"]
 
 
 def run_command(command: list[str], log_path: str) -> int:
