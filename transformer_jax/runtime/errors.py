@@ -18,7 +18,7 @@ from typing import Any
 
 from absl import app
 
-from transformer_jax.runtime import host_memory
+from transformer_jax.runtime import disk, host_memory
 
 TRACEBACK_ENV = "TRANSFORMER_JAX_TRACEBACK"
 
@@ -39,6 +39,21 @@ class MissingFileError(UserError, FileNotFoundError):
     """A file or directory the run needs does not exist; the message names it."""
 
 
+class DiskFullError(UserError, OSError):
+    """A write failed for lack of disk space (or quota); the message names the filesystem and what is kept."""
+
+
+class WorkdirBusyError(UserError, RuntimeError):
+    """Another run holds the workdir; the message names its pid and host."""
+
+
+def disk_full_message(error: OSError) -> str:
+    """One line for an ``OSError(ENOSPC)`` nothing else explained: the file and the filesystem."""
+    where = error.filename or os.getcwd()
+    return (f"no space left on device writing {where}: {disk.describe_filesystem(str(where))} is full. "
+            "Free some space (or point --workdir elsewhere) and run the same command again")
+
+
 def short_error(error: BaseException, limit: int = 300) -> str:
     """One line naming the exception type, for logs and error messages (tensorstore errors run to pages)."""
     text = " ".join(str(error).split())
@@ -53,15 +68,20 @@ def show_tracebacks() -> bool:
 
 
 def short_errors(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
-    """``main`` with a ``UserError`` shown as ``error: <message>`` on stderr and exit status 1."""
+    """``main`` with a ``UserError`` shown as ``error: <message>`` on stderr and exit status 1.
+
+    The message is put on one line. An ``OSError`` for a full disk (ENOSPC, EDQUOT) that nothing
+    turned into a ``DiskFullError`` is shown the same way, naming the file and its filesystem.
+    """
 
     def wrapped(argv: list[str]) -> Any:
         try:
             return main(argv)
-        except UserError as e:
-            if show_tracebacks():
+        except Exception as e:
+            full = isinstance(e, OSError) and not isinstance(e, UserError) and disk.is_disk_full(e)
+            if show_tracebacks() or not (isinstance(e, UserError) or full):
                 raise
-            message = str(e).strip() or type(e).__name__
+            message = disk_full_message(e) if full else (" ".join(str(e).split()) or type(e).__name__)
             print(f"error: {message}", file=sys.stderr)
             print(f"(set {TRACEBACK_ENV}=1 for the traceback)", file=sys.stderr)
             sys.exit(1)
