@@ -177,4 +177,7 @@ def validate_config(config: ml_collections.ConfigDict, *, environment: bool = Tr
     _check_lengths(config, model_config)
     _check_sharding(config, environment)
     if environment:
+        data_devices = sharding.resolve_mesh_shape(config.sharding.mesh_shape, jax.device_count())[0]
+        data_lib.check_tokens_per_batch(
+            config.data, batch_multiple=data_devices * config.train.grad_accum_steps)
         check_input_files(config.data, splits_read(config))

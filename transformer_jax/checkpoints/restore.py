@@ -60,6 +60,12 @@ def checkpoint_dir(workdir: str) -> str:
     return os.path.join(workdir, "checkpoints")
 
 
+def has_checkpoints(workdir: str) -> bool:
+    """Whether ``workdir`` holds a finished checkpoint step (a directory named by its step number)."""
+    path = checkpoint_dir(workdir)
+    return os.path.isdir(path) and any(n.isdigit() for n in os.listdir(path))
+
+
 def abstract_state_for(config: ml_collections.ConfigDict, model_config: ModelConfig) -> TrainState:
     """The shapes and dtypes of the TrainState a run with ``config`` saves (params and Adam moments)."""
     return abstract_train_state(model_config, make_optimizer(config, model_config.d_model))

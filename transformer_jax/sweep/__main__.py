@@ -135,4 +135,4 @@ def _run(command: str, f: flags.FlagValues) -> int:
 
 if __name__ == "__main__":
     define_flags()
-    errors.run_main(main)
+    errors.run_main(main, positional=True)

@@ -19,6 +19,7 @@ from ml_collections import config_flags
 from transformer_jax.evaluation import paper
 from transformer_jax.model.config import ModelConfig, param_count
 from transformer_jax.run_config import validate_config
+from transformer_jax.runtime import errors
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TABLE3_CONFIG = "configs/table3.py"
@@ -70,8 +71,13 @@ def load_config(config_arg: str, overrides: Sequence[str] = ()) -> tuple[ml_coll
         config.lock()  # a config that failed to load raises here (config_flags defers IOError)
     except (flags.Error, ValueError, TypeError, KeyError, AttributeError, OSError) as e:
         raise ValueError(f"cannot load {config_arg}{''.join(' ' + o for o in overrides)}: "
-                         f"{_last_line(e)}") from e
+                         f"{errors.config_flag_message(e, argv) if _is_lookup(e) else _last_line(e)}") from e
     return config, dict(flag_values["config"].override_values)
+
+
+def _is_lookup(error: Exception) -> bool:
+    """A misspelt field: ml_collections' KeyError / AttributeError (its "Did you mean" text)."""
+    return isinstance(error, KeyError | AttributeError)
 
 
 def _last_line(error: Exception) -> str:

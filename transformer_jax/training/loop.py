@@ -239,6 +239,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 def _train_locked(config: ml_collections.ConfigDict, workdir: str, guard: PreemptionGuard) -> dict[str, Any]:
     started = time.time()
     is_main = jax.process_index() == 0
+    if not restore.has_checkpoints(workdir):  # fresh: the tokenizer and its corpus checks come first, so a
+        _shared_tokenizer(config.data, workdir)  # vocab_size the corpus cannot fill leaves no checkpoints/
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"),
                         save_every_steps=config.checkpoint_every_steps or None,
                         save_every_minutes=config.checkpoint_every_minutes or None,
