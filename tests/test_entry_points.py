@@ -17,7 +17,7 @@ from transformer_jax.runtime import errors
 from transformer_jax.training.workdir_lock import WorkdirLock
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MISSING = "/nonexistent/transformer_jax_workdir"
+MISSING = "<tmp>/missing_workdir"  # replaced by a path under the test's tmp_path
 TINY_TRAIN = ("--config.data.synthetic_train_size=60", "--config.data.synthetic_dev_size=4",
               "--config.data.synthetic_test_size=4")
 
@@ -72,10 +72,9 @@ def test_a_bad_input_is_one_error_line(entry, args, expected, tmp_path):
     if not entry.endswith(".py") and importlib.util.find_spec(entry) is None:
         pytest.skip(f"{entry} does not exist in this tree")
     workdir = [] if entry != "train.py" else [f"--workdir={tmp_path / 'w'}"]
-    result = run(entry, *workdir, *args)
-    assert_one_error_line(result, expected)
-    if entry == "train.py":
-        assert not (tmp_path / "w").exists()  # rejected before the workdir was made
+    result = run(entry, *workdir, *(a.replace("<tmp>", str(tmp_path)) for a in args))
+    assert_one_error_line(result, expected.replace("<tmp>", str(tmp_path)))
+    assert not (tmp_path / "w").exists() and not (tmp_path / "missing_workdir").exists()  # nothing made
 
 
 def test_vocab_size_beyond_the_corpus_fails_before_the_tokenizer_trains(tmp_path):
