@@ -10,14 +10,13 @@ import os
 
 import jax
 from absl import flags, logging
-from ml_collections import config_flags
 
 from transformer_jax import run_config
 from transformer_jax.runtime import errors
 from transformer_jax.training import loop
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "default.py")
-_CONFIG = config_flags.DEFINE_config_file(
+_CONFIG = run_config.define_config_file(
     "config", _DEFAULT_CONFIG, "Training config file (ml_collections).", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", "workdir", "Directory for checkpoints, tokenizer, metrics.")
 _MULTIPROCESS = flags.DEFINE_bool(

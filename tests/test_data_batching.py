@@ -2,6 +2,7 @@
 
 import collections
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -278,3 +279,34 @@ def test_real_multi30k_through_the_whole_pipeline(tmp_path):
     assert rows == it.num_examples
     dev = make_eval_batches(cfg, tok, "dev")
     assert sum(b.num_real for b in dev) == 1014
+
+
+def test_nul_bytes_long_lines_and_unknown_text_are_warned_about_naming_file_and_line(tmp_path, caplog):
+    en = [f"the cat sat on mat number {i}" for i in range(40)]
+    de = [f"die katze sass auf matte nummer {i}" for i in range(40)]
+    en[6] = "the ca\0t sat"  # a NUL inside a word: an <unk> piece in it
+    de[9] = "\u0436" * 100_000  # too long for SentencePiece to train on, so its character is unknown
+    for split, lines in (("train", (en, de)), ("val", (en[:3], de[:3])), ("test", (en[:3], de[:3]))):
+        for lang, side in zip(("en", "de"), lines, strict=True):
+            (tmp_path / f"{split}.{lang}").write_text("".join(s + "\n" for s in side), encoding="utf-8")
+    cfg = default_data_config(source="text", dir=str(tmp_path), vocab_size=60, max_len=128,
+                              length_buckets=(16, 128), tokens_per_batch=512)
+    tokenizer = load_or_train_tokenizer(cfg, str(tmp_path / "w"))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        iterator = make_train_iterator(cfg, tokenizer, seed=0)
+    messages = [r.getMessage() for r in caplog.records]
+    text = " ".join(messages)
+    assert f"{tmp_path / 'train.en'}: 1 of 40 lines hold a NUL byte (lines 7)" in text
+    assert f"{tmp_path / 'train.de'}: 1 of 40 lines are longer than 65536 bytes (lines 10)" in text
+    unknown = [m for m in messages if "mostly <unk>" in m]
+    assert len(unknown) == 1 and unknown[0].startswith("1 of 40 pairs are mostly <unk> pieces on a side ")
+    assert f"{tmp_path / 'train.en'} / {tmp_path / 'train.de'} lines 10)" in unknown[0]
+    assert iterator.num_examples + iterator.num_dropped == 40  # warned about, not silently dropped
+
+
+def test_clean_text_gives_no_such_warnings(tmp_path, caplog, tok):
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        tokenize_pairs(get_source(_config()).pairs("train"), tok)
+    assert not [r for r in caplog.records if "<unk>" in r.getMessage() or "NUL" in r.getMessage()]

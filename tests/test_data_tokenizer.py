@@ -13,6 +13,7 @@ from transformer_jax.data import (
     load_or_train_tokenizer,
 )
 from transformer_jax.model.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from transformer_jax.runtime.errors import ConfigError
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -78,16 +79,34 @@ def test_unigram_and_temporary_workdir():
     assert tok.decode(tok.encode("My dog saw the cats.")) == "My dog saw the cats."
 
 
-def test_vocab_too_large_suggests_a_size_that_works(tmp_path):
+def test_vocab_too_large_is_caught_before_training_then_by_sentencepiece(tmp_path):
     for name, text in (("train.en", "a cat sat on a mat\n"), ("train.de", "eine Katze\n")):
         (tmp_path / name).write_text(text * 3, encoding="utf-8")
     cfg = default_data_config(source="text", dir=str(tmp_path), vocab_size=5001)
-    with pytest.raises(ValueError, match=r"vocab_size=5001 is too large") as info:
+    with pytest.raises(ConfigError, match=r"vocab_size=5001 is too large.* at most (\d+) pieces") as info:
+        load_or_train_tokenizer(cfg, str(tmp_path / "w"))  # before training: a bound from the words
+    assert not (tmp_path / "w" / "tokenizer").exists()
+    bound = int(re.search(r"at most (\d+) pieces", str(info.value)).group(1))
+    words = {"a", "cat", "sat", "on", "mat", "eine", "Katze"}
+    chars = {c for w in words for c in w} | {"\u2581"}
+    assert bound == 4 + len(chars) + sum(len(w) for w in words)  # specials + characters + BPE merges
+    cfg.vocab_size = bound + 1
+    with pytest.raises(ConfigError, match=rf"vocab_size={bound + 1} is too large"):
         load_or_train_tokenizer(cfg, str(tmp_path / "w"))
+    cfg.vocab_size = bound  # here every merge is possible: the bound is SentencePiece's exact limit
+    assert load_or_train_tokenizer(cfg, str(tmp_path / "w")).vocab_size == bound
+
+    # Unigram's bound (every substring) is loose: within it, SentencePiece names the real limit.
+    cfg = default_data_config(source="text", dir=str(tmp_path), vocab_size=5001, vocab_type="unigram")
+    with pytest.raises(ConfigError, match=r"at most (\d+) pieces") as info:
+        load_or_train_tokenizer(cfg, str(tmp_path / "u"))
+    cfg.vocab_size = int(re.search(r"at most (\d+) pieces", str(info.value)).group(1))
+    with pytest.raises(ConfigError, match=rf"vocab_size={cfg.vocab_size} is too large") as info:
+        load_or_train_tokenizer(cfg, str(tmp_path / "u"))
     suggested = int(re.search(r"vocab_size <= (\d+)", str(info.value)).group(1))
-    assert 8 < suggested < 100
+    assert 8 < suggested < cfg.vocab_size
     cfg = cfg.replace(vocab_size=suggested)
-    assert load_or_train_tokenizer(cfg, str(tmp_path / "w")).vocab_size == suggested
+    assert load_or_train_tokenizer(cfg, str(tmp_path / "u")).vocab_size == suggested
 
 
 def test_real_multi30k_round_trip(tmp_path):

@@ -254,3 +254,26 @@ def test_summary_leaves_out_what_was_not_run(inspected):
     sections = re.findall(r"^## (.+)$", run_all.summarize(trimmed, cfg), re.M)
     assert [s.split(" ")[0] for s in sections] == ["Heads", "Scaling", "Positions"]
     assert ablation.WEIGHTS_ARE_NOT_EXPLANATIONS not in run_all.summarize(trimmed, cfg)
+
+
+def test_a_sentence_longer_than_the_model_reads_is_one_error_line(inspected):
+    workdir = inspected[0].parent
+    proc = _cli("--workdir", str(workdir), "--sentence", " ".join(["dog"] * 500), "--out",
+                str(workdir / "long_out"), timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert lines[-2].startswith("error: --sentence is ")
+    assert "(500 words); the model reads at most" in lines[-2]
+    assert lines[-1].startswith("(set TRANSFORMER_JAX_TRACEBACK=1")
+
+
+def test_a_long_sentence_decodes_within_the_model_limit(inspected):
+    restored = forward.restore_workdir(str(inspected[0].parent))
+    max_len = restored.model_config.max_len
+    words = []
+    while len(restored.tokenizer.encode(" ".join(words + ["dog"]))) + 1 <= max_len - 2:
+        words.append("dog")
+    inputs = forward.encode_sentence(restored.tokenizer, " ".join(words), max_len)
+    assert max_len - 3 <= inputs.shape[1] <= max_len - 2  # + max_extra_len=50 would not fit
+    output = forward.greedy_output(restored.params, restored.model_config, inputs, max_extra_len=50)
+    assert 1 <= output.shape[1] <= max_len

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -38,7 +39,7 @@ from transformer_jax.data.config import DataConfig
 from transformer_jax.data.sources import check_input_files
 from transformer_jax.evaluation import bleu
 from transformer_jax.model.config import ModelConfig
-from transformer_jax.runtime import sharding
+from transformer_jax.runtime import errors, sharding
 from transformer_jax.runtime.errors import ConfigError
 
 
@@ -314,6 +315,8 @@ def build_run_config(config: Mapping[str, Any], *, environment: bool = True) -> 
                     train=_group(TrainConfig, saved["train"], "config.train"), sharding=sharding_config,
                     saved=saved, **groups)
     if environment:
+        data_devices = sharding.resolve_mesh_shape(run.sharding.mesh_shape, jax.device_count())[0]
+        data_lib.check_tokens_per_batch(data, batch_multiple=data_devices * run.train.grad_accum_steps)
         check_input_files(data, run.splits_read())
     return run
 
@@ -326,6 +329,21 @@ def run_config_from_saved(saved: Mapping[str, Any]) -> RunConfig:
     saved = _plain(saved)
     saved.setdefault("train", {}).setdefault("cooldown_steps", 0)
     return build_run_config(saved, environment=False)
+
+
+def define_config_file(name: str, default: str, help_string: str, **kwargs: Any):
+    """``config_flags.DEFINE_config_file`` whose load and override errors are one ``error:`` line.
+
+    Without ``--<name>=`` on the command line, ml_collections loads the default and applies the
+    ``--<name>.x=y`` overrides at this call (import time), so errors are caught here too.
+    """
+    errors.note_config_flag(name)
+    try:
+        return config_flags.DEFINE_config_file(name, default, help_string, **kwargs)
+    except (KeyError, AttributeError, OSError, TypeError, ValueError) as e:
+        if errors.show_tracebacks():
+            raise
+        errors.print_error(errors.config_flag_message(e, sys.argv, name))
 
 
 def load_config(config_arg: str, overrides: Sequence[str] = ()) -> tuple[ml_collections.ConfigDict, dict]:
@@ -344,8 +362,9 @@ def load_config(config_arg: str, overrides: Sequence[str] = ()) -> tuple[ml_coll
         config = flag_values.config
         config.lock()  # a config that failed to load raises here (config_flags defers IOError)
     except (flags.Error, ValueError, TypeError, KeyError, AttributeError, OSError) as e:
-        raise ValueError(f"cannot load {config_arg}{''.join(' ' + o for o in overrides)}: "
-                         f"{_last_line(e)}") from e
+        reason = (errors.config_flag_message(e, argv) if isinstance(e, KeyError | AttributeError)
+                  else _last_line(e))  # a misspelt field: ml_collections' "Did you mean"
+        raise ValueError(f"cannot load {config_arg}{''.join(' ' + o for o in overrides)}: {reason}") from e
     return config, dict(flag_values["config"].override_values)
 
 

@@ -19,6 +19,13 @@ changed) is skipped with a warning and the previous step is used. Arrays shaped 
 damage: that raises ``CheckpointMismatchError`` before any array is read. A step deleted while being read
 (``max_to_keep`` of a running trainer) is skipped for the newest step that exists. (The workdir lock is in
 ``workdir_lock.py``, the SIGTERM handling in ``preemption.py``.)
+
+A full disk: an asynchronous save fails in the background and orbax reports it only at the next save or
+at ``wait_until_finished``. Either way (and for a synchronous failure inside ``save``) the partial
+``<step>.orbax-checkpoint-tmp`` directory is removed and ``DiskFullError`` names the filesystem, the step
+that could not be saved and the last good checkpoint, which a rerun with space resumes from. Orbax's own
+log lines about that failure are dropped (the error says it once). Once the first checkpoint's size is
+known, a filesystem with room for fewer than ``SPACE_WARNING_CHECKPOINTS`` more is warned about once.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -41,7 +50,8 @@ from transformer_jax.checkpoints.integrity import (
     NonFiniteStateError,
     NoUsableCheckpointError,
 )
-from transformer_jax.runtime.errors import MissingFileError, short_error
+from transformer_jax.runtime import disk
+from transformer_jax.runtime.errors import DiskFullError, MissingFileError, short_error
 from transformer_jax.runtime.sharding import with_default_sharding
 
 _log = logging.getLogger(__name__)
@@ -53,6 +63,58 @@ TMP_DIR_SUFFIX = ocp.path.atomicity_types.TMP_DIR_SUFFIX
 DAMAGED_SUFFIX = ".damaged"
 
 STATE_ITEM, _DATA, _CONFIG, INTEGRITY_ITEM = "state", "data", "config", "integrity"
+# Warn once when the free space holds fewer checkpoints than this (the size is known after the first save).
+SPACE_WARNING_CHECKPOINTS = 3
+
+
+class _QuietOrbax(logging.Filter):
+    """Drops orbax log records that mean nothing to a user, or that an error of ours already says.
+
+    Orbax logs (through absl) a traceback for a failed background save from each of three threads, and
+    notes on every read-only manager ("Given directory is read only"); the Checkpointer reports the first
+    as ``DiskFullError`` and the second is what ``read_only=True`` asked for.
+    """
+
+    def __init__(self, only_orbax: bool = True):
+        super().__init__()
+        self.only_orbax = only_orbax
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.only_orbax and "/orbax/" not in record.pathname.replace(os.sep, "/"):
+            return True
+        if record.levelno <= logging.WARNING and "read only" in str(record.msg):
+            return False
+        error = record.exc_info[1] if record.exc_info else None
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed record is not ours to drop
+            return True
+        return not (disk.is_disk_full(error) or disk.is_disk_full(Exception(message)))
+
+
+def _closed_loop_callback(unraisable: Any) -> bool:
+    """A tensorstore write finishing after orbax's ``asyncio.run`` returned (after a failed save)."""
+    value = unraisable.exc_value
+    return isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
+
+
+def quiet_orbax_logs() -> None:
+    """Installs ``_QuietOrbax`` on the absl logger, which orbax logs through, and drops the
+    "Event loop is closed" callbacks a failed save leaves behind, one traceback per array (idempotent)."""
+    for name, only_orbax in (("absl", True), ("asyncio", False)):  # asyncio: "Task exception was never
+        logger = logging.getLogger(name)                            # retrieved" for each failed array write
+        if not any(isinstance(f, _QuietOrbax) for f in logger.filters):
+            logger.addFilter(_QuietOrbax(only_orbax))
+    previous = sys.unraisablehook
+    if getattr(previous, "_drops_closed_loop_callbacks", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        if not _closed_loop_callback(unraisable):
+            previous(unraisable)
+
+    hook._drops_closed_loop_callbacks = True
+    sys.unraisablehook = hook
 
 
 def _now() -> float:
@@ -74,6 +136,14 @@ def _remove_tmp_dirs(directory: str) -> list[str]:
                 os.remove(path)
             removed.append(name)
     return removed
+
+
+def _join_orbax_threads(timeout_s: float = 120.0) -> None:
+    """Waits for orbax's per-item write threads, which outlive a failed save that reported its first error."""
+    deadline = _now() + timeout_s
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and type(thread).__module__.startswith("orbax."):
+            thread.join(max(0.0, deadline - _now()))
 
 
 class Checkpointer:
@@ -133,13 +203,18 @@ class Checkpointer:
         if not read_only and jax.process_count() > 1:
             multihost_utils.sync_global_devices("transformer_jax.checkpoints.manager.cleanup")
 
+        quiet_orbax_logs()
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep,
+            max_to_keep=None if read_only else max_to_keep,  # what read_only sets anyway, with a warning
+            save_interval_steps=0 if read_only else 1,
             enable_async_checkpointing=async_save,
             create=not read_only,
             read_only=read_only,
         )
         self._manager = ocp.CheckpointManager(self.directory, options=options)
+        self._pending_step: int | None = None  # the step of a save that may still be writing
+        self._failed = False  # a save failed: orbax re-raises it at every wait, so close() swallows it
+        self._space_checked = False
         # "Since the last save" starts at construction: the first timed save comes one interval into the run.
         self._last_save_time = _now()
         self._last_saved_step = self._manager.latest_step()
@@ -158,16 +233,21 @@ class Checkpointer:
 
     def existing_steps(self) -> list[int]:
         """The finished steps on disk now (a fresh directory listing, after any background save ended)."""
-        try:
-            self._manager.wait_until_finished()
-        except Exception as e:  # a failed background save: what is on disk is what counts
-            _log.warning("A background checkpoint save failed: %s", short_error(e))
+        if not self._failed:
+            try:
+                self._manager.wait_until_finished()
+            except Exception as e:  # a failed background save: what is on disk is what counts
+                self._failed = True
+                _log.warning("A background checkpoint save failed: %s", short_error(e))
+        return self._steps_on_disk()
+
+    def _steps_on_disk(self) -> list[int]:
         names = os.listdir(self.directory) if os.path.isdir(self.directory) else []
         return sorted(int(n) for n in names if n.isdigit() and os.path.isdir(os.path.join(self.directory, n)))
 
-    def last_good_message(self) -> str:
+    def last_good_message(self, steps: list[int] | None = None) -> str:
         """"The last good checkpoint is step N in DIR" naming a step that exists, or "There is no ..."."""
-        steps = self.existing_steps()
+        steps = self.existing_steps() if steps is None else steps
         if not steps:
             return f"There is no checkpoint in {self.directory} yet."
         return f"The last good checkpoint is step {steps[-1]} in {self.directory}."
@@ -233,23 +313,80 @@ class Checkpointer:
         args = ocp.args.Composite(**{
             STATE_ITEM: ocp.args.StandardSave(state), _DATA: ocp.args.JsonSave(dict(data_state)),
             _CONFIG: ocp.args.JsonSave(dict(config)), INTEGRITY_ITEM: ocp.args.JsonSave(integrity)})
-        started = bool(self._manager.save(step, args=args, force=True))
+        self.wait()  # the previous save's failure belongs to its own step (orbax would raise it here)
+        try:
+            started = bool(self._manager.save(step, args=args, force=True))
+        except Exception as e:
+            self._save_failed(step, e)
         if started:
             self._last_save_time = _now()
             self._last_saved_step = step
+            self._pending_step = step
             _log.info("Saving checkpoint for step %d to %s", step, self.directory)
         return started
 
     def wait(self) -> None:
-        """Blocks until any background save has been written."""
-        self._manager.wait_until_finished()
+        """Blocks until any background save has been written.
+
+        Raises:
+          DiskFullError: that save ran out of space (its partial directory is removed).
+        """
+        if self._failed:
+            return
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:
+            self._save_failed(self._pending_step, e)
+        finished, self._pending_step = self._pending_step, None
+        if finished is not None:
+            self._check_space(finished)
+
+    def _save_failed(self, step: int | None, error: Exception) -> None:
+        """Raises ``DiskFullError`` for a save of ``step`` that ran out of space, else ``error`` itself."""
+        self._failed = True
+        self._pending_step = None
+        if not disk.is_disk_full(error):
+            raise error
+        _join_orbax_threads()  # the other items' writes may still be running: let them end first
+        if jax.process_index() == 0:
+            _remove_tmp_dirs(self.directory)
+        steps = self._steps_on_disk()
+        self._last_saved_step = steps[-1] if steps else None
+        what = f"checkpoint step {step}" if step is not None else "a checkpoint"
+        raise DiskFullError(
+            f"the disk is full: {what} could not be saved, "
+            f"{disk.describe_filesystem(self.directory, space=False)} ran out of space (its partial files "
+            f"were removed: {disk.describe_space(self.directory)} now). "
+            f"{self.last_good_message(steps)} Free some space (or lower checkpoint_keep, or use a workdir on "
+            "a larger disk) and run the same command again to resume from it.") from error
+
+    def _check_space(self, step: int) -> None:
+        """Once, after the first finished save: warns if the disk holds fewer than a few more like it."""
+        if self._space_checked or jax.process_index() != 0:
+            return
+        self._space_checked = True
+        path = os.path.join(self.directory, str(step))
+        if not os.path.isdir(path):
+            return
+        size, free = disk.directory_bytes(path), disk.free_bytes(self.directory)
+        if size and free < SPACE_WARNING_CHECKPOINTS * size:
+            _log.warning(
+                "Low disk space: %s has room for %d more checkpoint(s) of %s (step %d); a run keeps "
+                "writing new ones before deleting old ones. Free some space or lower checkpoint_keep.",
+                disk.describe_filesystem(self.directory), free // size, disk.human_bytes(size), step)
 
     def close(self) -> None:
         """Waits for background saves and releases orbax's resources (also when a save failed)."""
         try:
-            self._manager.wait_until_finished()
+            self.wait()
         finally:
-            self._manager.close()
+            if self._failed:  # orbax raises the failure again from its close; it was reported once
+                try:
+                    self._manager.close()
+                except Exception as e:
+                    _log.info("Closing after a failed save: %s", short_error(e))
+            else:
+                self._manager.close()
 
     def __enter__(self) -> Checkpointer:
         return self
@@ -260,7 +397,8 @@ class Checkpointer:
         except Exception as e:
             if exc_type is None:
                 raise
-            _log.warning("Closing the checkpointer of %s failed: %s", self.directory, short_error(e))
+            _log.warning("Closing the checkpointer of %s failed: %s", self.directory,
+                         str(e) if isinstance(e, DiskFullError) else short_error(e))
 
     # --------------------------------------------------------------------------------------------- restoring
     def _read_integrity(self, step: int) -> dict | None:

@@ -65,6 +65,12 @@ def checkpoint_dir(workdir: str) -> str:
     return os.path.join(workdir, "checkpoints")
 
 
+def has_checkpoints(workdir: str) -> bool:
+    """Whether ``workdir`` holds a finished checkpoint step (a directory named by its step number)."""
+    path = checkpoint_dir(workdir)
+    return os.path.isdir(path) and any(n.isdigit() for n in os.listdir(path))
+
+
 def abstract_params(model_config: ModelConfig) -> Any:
     """The shapes and dtypes of the parameters of ``model_config`` (no optimizer, nothing computed)."""
     return jax.eval_shape(lambda rng: init_params(model_config, rng=rng), jax.random.PRNGKey(0))

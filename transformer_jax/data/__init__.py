@@ -15,7 +15,7 @@ from transformer_jax.data.batching import (
     make_train_iterator,
     tokenize_pairs,
 )
-from transformer_jax.data.config import default_data_config, validate_data_config
+from transformer_jax.data.config import check_tokens_per_batch, default_data_config, validate_data_config
 from transformer_jax.data.eval_batches import EvalBatch, make_eval_batches
 from transformer_jax.data.sources import (
     Source,
@@ -45,6 +45,7 @@ __all__ = [
     "TrainIterator",
     "TreebankSource",
     "baseline_bleus",
+    "check_tokens_per_batch",
     "copy_baseline",
     "default_data_config",
     "get_source",

@@ -34,7 +34,7 @@ import dataclasses
 import itertools
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -42,7 +42,7 @@ import numpy as np
 from transformer_jax.data.config import validate_data_config
 from transformer_jax.data.sources import get_source
 from transformer_jax.data.tokenizer import Tokenizer
-from transformer_jax.model.special_ids import EOS_ID, PAD_ID
+from transformer_jax.model.special_ids import EOS_ID, PAD_ID, UNK_ID
 
 # Pairs are tokenized this many at a time (bounds the memory of lazily read TFDS splits).
 _ENCODE_CHUNK = 65536
@@ -105,14 +105,26 @@ def concat_with_eos(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     return ids, offsets
 
 
-def tokenize_pairs(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer) -> TokenizedSplit:
-    """Encodes every pair (chunked; `pairs` may be a lazy sequence); drops empty sides."""
+def _mostly_unk(ids: list[int]) -> bool:
+    return len(ids) > 0 and 2 * ids.count(UNK_ID) >= len(ids)  # runs of unknown characters: one <unk>
+
+
+def tokenize_pairs(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, *,
+                   where: Callable[[list[int]], str] | None = None) -> TokenizedSplit:
+    """Encodes every pair (chunked; `pairs` may be a lazy sequence); drops empty sides.
+
+    Pairs with a side that is mostly <unk> pieces are kept and counted in a warning; ``where`` turns
+    the first few of their indices into text naming them (e.g. the file and lines).
+    """
     src_parts, tgt_parts = [], []
     num_empty = 0
+    unknown: list[int] = []
     for start in range(0, len(pairs), _ENCODE_CHUNK):
         chunk = pairs[start : start + _ENCODE_CHUNK]
         src = tokenizer.encode_batch([s for s, _ in chunk])
         tgt = tokenizer.encode_batch([t for _, t in chunk])
+        unknown += [start + i for i, (s, t) in enumerate(zip(src, tgt, strict=True))
+                    if _mostly_unk(s) or _mostly_unk(t)]
         keep = [i for i, (s, t) in enumerate(zip(src, tgt, strict=True)) if s and t]
         if len(keep) < len(src):
             num_empty += len(src) - len(keep)
@@ -121,6 +133,12 @@ def tokenize_pairs(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer) -> To
         tgt_parts.append(concat_with_eos(tgt))
     if num_empty:  # a warning, not info: train.py shows warnings
         logging.warning("Left out %d of %d pairs with no tokens on one side", num_empty, len(pairs))
+    if unknown:
+        named = where(unknown[:5]) if where else "pairs " + ", ".join(str(i) for i in unknown[:5])
+        logging.warning(
+            "%d of %d pairs are mostly <unk> pieces on a side (%s%s): characters the tokenizer does not "
+            "know (binary data, another script, NUL bytes, a line too long to train on)", len(unknown),
+            len(pairs), named, ", ..." if len(unknown) > 5 else "")
     return TokenizedSplit(*_join(src_parts), *_join(tgt_parts), num_empty=num_empty)
 
 
@@ -313,6 +331,15 @@ class TrainIterator:
         self._epoch, self._step = int(state["epoch"]), step
 
 
+def _describe_pairs(source: Any, split: str) -> Callable[[list[int]], str] | None:
+    """For a text source: pair indices -> "train.en / train.de lines 3, 9" (its kept pairs' line numbers)."""
+    lines = getattr(source, "line_numbers", {}).get(split)
+    if lines is None or not hasattr(source, "paths"):
+        return None
+    src_path, tgt_path = source.paths(split)
+    return lambda indices: f"{src_path} / {tgt_path} lines {', '.join(str(lines[i]) for i in indices)}"
+
+
 def make_train_iterator(
     data_config: Any,
     tokenizer: Tokenizer,
@@ -329,7 +356,8 @@ def make_train_iterator(
     """
     validate_data_config(data_config)
     _check_sharding(process_index, process_count, batch_multiple)
-    data = tokenize_pairs(get_source(data_config).pairs("train"), tokenizer)
+    source = get_source(data_config)
+    data = tokenize_pairs(source.pairs("train"), tokenizer, where=_describe_pairs(source, "train"))
     fits = np.maximum(data.src_lengths, data.tgt_lengths) <= data_config.max_len
     num_dropped = int(len(data) - fits.sum())
     if num_dropped:  # a warning, not info: train.py shows warnings

@@ -196,6 +196,7 @@ def validate_data_config(cfg: Any) -> None:
             f"data_config.length_buckets must cover max_len={cfg.max_len}: the largest bucket is "
             f"{buckets[-1]}; add a bucket >= {cfg.max_len} or lower max_len"
         )
+    check_tokens_per_batch(cfg)
     coverage = getattr(cfg, "character_coverage", 1.0)
     if not isinstance(coverage, int | float) or not 0.9 <= coverage <= 1.0:
         raise ConfigError(f"data_config.character_coverage must be in [0.9, 1], got {coverage!r}")
@@ -245,3 +246,28 @@ def _validate_ptb(cfg: Any) -> None:
                             f" {max(lo_a, lo_b):04d}-{min(hi_a, hi_b):04d}; the splits must be"
                             " disjoint"
                         )
+
+
+def check_tokens_per_batch(cfg: Any, batch_multiple: int = 1) -> None:
+    """The token budget holds a whole sentence of the longest bucket for each of ``batch_multiple`` rows.
+
+    ``batch_multiple`` is the number of rows a batch must divide into (data-parallel devices times
+    gradient-accumulation micro-batches). A smaller budget would make a step process less than one
+    sentence, and the batching would quietly round each bucket up past the budget.
+    """
+    buckets = sorted(cfg.length_buckets)
+    longest = min(b for b in buckets if b >= cfg.max_len)  # the largest bucket a train pair can use
+    need = batch_multiple * longest
+    if cfg.tokens_per_batch >= need:
+        return
+    if cfg.tokens_per_batch < buckets[0]:
+        what = f"smaller than one row of the smallest length bucket ({buckets[0]} tokens)"
+    else:
+        what = (f"smaller than one row of the longest length bucket used ({longest} tokens, for "
+                f"max_len={cfg.max_len})")
+    if batch_multiple > 1:
+        what += (f" times the {batch_multiple} rows a batch divides into (data-parallel devices x "
+                 "grad_accum_steps)")
+    raise ConfigError(
+        f"config.data.tokens_per_batch={cfg.tokens_per_batch} is {what}: a step would hold less than one "
+        f"sentence. Set it to at least {need} (the paper: ~25000), or lower data.max_len")

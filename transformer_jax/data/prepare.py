@@ -36,7 +36,6 @@ import gzip
 import hashlib
 import os
 import re
-import sys
 import tempfile
 import urllib.error
 import urllib.request
@@ -350,13 +349,13 @@ _TIMEOUT = flags.DEFINE_float("timeout", 10.0, "Seconds to wait for a connection
 def main(argv: Sequence[str]) -> None:
     usage = f"usage: python -m transformer_jax.data.prepare {{{','.join(sorted(DATASETS))}}} --dir=DIR"
     if len(argv) != 2:
-        sys.exit(f"{usage}\nexpected one data set name, got {list(argv[1:]) or 'none'}")
+        raise errors.ConfigError(f"expected one data set name, got {list(argv[1:]) or 'none'}; {usage}")
     if not _DIR.value:
-        sys.exit(f"{usage}\n--dir is required: the folder to install the files into")
+        raise errors.ConfigError(f"--dir is required: the folder to install the files into; {usage}")
     try:
         paths = prepare(argv[1], _DIR.value, base_url=_BASE_URL.value, timeout=_TIMEOUT.value)
     except (ValueError, OSError) as e:  # ChecksumError, DownloadError, an unwritable folder, ...
-        sys.exit(f"prepare {argv[1]}: {e}")
+        raise errors.UserError(f"prepare {argv[1]}: {e}") from e
     print(f"{len(paths)} files ready in {_DIR.value}")
 
 

@@ -118,6 +118,8 @@ def _read_parallel(
             f"line counts differ: {src_path} has {len(src)} lines, {tgt_path} has"
             f" {len(tgt)} lines; the files must be line-aligned"
         )
+    for path, lines in ((src_path, src), (tgt_path, tgt)):
+        warn_suspicious_lines(path, lines)
     blank = [i + 1 for i, (s, t) in enumerate(zip(src, tgt, strict=True)) if not (s and t)]
     if blank:  # a warning, not info: train.py and evaluate.py show warnings
         logging.warning(
@@ -128,6 +130,36 @@ def _read_parallel(
         raise DataError(f"{src_path} / {tgt_path}: no pair has both sides non-empty")
     lines = [i + 1 for i, (s, t) in enumerate(zip(src, tgt, strict=True)) if s and t]
     return [(src[i - 1], tgt[i - 1]) for i in lines], lines, len(blank)
+
+
+# SentencePiece trains on lines up to this many bytes (tokenizer.py sets max_sentence_length to it) and
+# skips longer ones, so their rare characters may have no piece (<unk>).
+LONG_LINE_BYTES = 1 << 16
+
+
+def _first_lines(numbers: list[int]) -> str:
+    return ", ".join(map(str, numbers[:5])) + (", ..." if len(numbers) > 5 else "")
+
+
+def warn_suspicious_lines(path: Path, lines: Sequence[str]) -> dict[str, list[int]]:
+    """Warns (naming ``path`` and the 1-based lines) about NUL bytes and lines too long to train on.
+
+    Returns ``{"nul": [...], "long": [...]}``, the line numbers found. Both are kept in the data: a NUL
+    is a character of the text as far as the file says, but it usually means binary data or a broken
+    conversion, and it becomes an <unk> piece.
+    """
+    found = {"nul": [i + 1 for i, line in enumerate(lines) if "\0" in line],
+             "long": [i + 1 for i, line in enumerate(lines) if len(line) * 4 > LONG_LINE_BYTES
+                      and len(line.encode("utf-8")) > LONG_LINE_BYTES]}
+    if found["nul"]:
+        logging.warning("%s: %d of %d lines hold a NUL byte (lines %s); binary data or a broken "
+                        "conversion? It becomes <unk>", path, len(found["nul"]), len(lines),
+                        _first_lines(found["nul"]))
+    if found["long"]:
+        logging.warning("%s: %d of %d lines are longer than %d bytes (lines %s); the tokenizer does not "
+                        "train on them and they may become <unk> pieces", path, len(found["long"]),
+                        len(lines), LONG_LINE_BYTES, _first_lines(found["long"]))
+    return found
 
 
 def read_parallel(src_path: str | Path, tgt_path: str | Path) -> list[tuple[str, str]]:

@@ -57,6 +57,8 @@ for _name in ("d_ks", "lengths"):
 
 
 def main(argv: list[str]) -> None:
+    if not _SENTENCE.value.split():  # before the restore: fail in a second
+        raise errors.ConfigError("--sentence is empty; pass the source sentence whose attention maps to draw")
     options = run_all.InspectOptions(
         num_dev=_NUM_DEV.value, d_ks=tuple(int(d) for d in _D_KS.value),
         lengths=tuple(int(n) for n in _LENGTHS.value), block_size=_BLOCK_SIZE.value,

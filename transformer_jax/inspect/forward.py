@@ -22,6 +22,7 @@ from transformer_jax.evaluation import decode, paper
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import BOS_ID, EOS_ID, PAD_ID
 from transformer_jax.model.transformer import Transformer
+from transformer_jax.runtime.errors import ConfigError
 
 KINDS = ("encoder_self", "decoder_self", "cross")
 KIND_TITLES = {"encoder_self": "encoder self-attention", "decoder_self": "decoder masked self-attention",
@@ -119,17 +120,30 @@ def attention_mask(kind: str, inputs: np.ndarray, targets: np.ndarray) -> np.nda
     raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
 
 
-def encode_sentence(tokenizer, sentence: str) -> np.ndarray:
-    """int32[1, src_len]: the pieces of ``sentence`` plus EOS, as the data pipeline feeds the encoder."""
+def encode_sentence(tokenizer, sentence: str, max_len: int | None = None) -> np.ndarray:
+    """int32[1, src_len]: the pieces of ``sentence`` plus EOS, as the data pipeline feeds the encoder.
+
+    Raises ConfigError for an empty sentence, or one longer than ``max_len`` (the model's) pieces.
+    """
     text = data_lib.normalize_whitespace(sentence)
     if not text:
-        raise ValueError("--sentence is empty; pass the source sentence whose attention maps to draw")
-    return np.asarray([tokenizer.encode(text) + [EOS_ID]], np.int32)
+        raise ConfigError("--sentence is empty; pass the source sentence whose attention maps to draw")
+    ids = tokenizer.encode(text) + [EOS_ID]
+    if max_len is not None and len(ids) > max_len:
+        raise ConfigError(
+            f"--sentence is {len(ids)} pieces long with EOS ({len(text.split())} words); the model reads at "
+            f"most max_len={max_len}; pass a shorter sentence")
+    return np.asarray([ids], np.int32)
 
 
 def greedy_output(params: Any, model_config: ModelConfig, inputs: np.ndarray, *,
                   max_extra_len: int = paper.MAX_EXTRA_LEN) -> np.ndarray:
-    """int32[1, out_len]: the greedy output of one source int[1, src_len], up to and including its EOS."""
+    """int32[1, out_len]: the greedy output of one source int[1, src_len], up to and including its EOS.
+
+    The output may be ``max_extra_len`` tokens longer than the source, but never longer than the
+    model's ``max_len`` (a long source gets a smaller allowance).
+    """
+    max_extra_len = max(0, min(max_extra_len, model_config.max_len - inputs.shape[1]))
     tokens = np.asarray(decode.greedy_search(params, model_config, jnp.asarray(inputs),
                                              max_extra_len=max_extra_len))[0]
     tokens = tokens[tokens != PAD_ID]

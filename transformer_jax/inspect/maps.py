@@ -53,7 +53,7 @@ def sentence_maps(restored: Restored, sentence: str, *,
                   max_extra_len: int = paper.MAX_EXTRA_LEN) -> SentenceMaps:
     """Greedy-decodes ``sentence``, then runs the teacher-forced forward on that output for the maps."""
     tok = restored.tokenizer
-    inputs = forward.encode_sentence(tok, sentence)
+    inputs = forward.encode_sentence(tok, sentence, restored.model_config.max_len)
     output = forward.greedy_output(restored.params, restored.model_config, inputs,
                                    max_extra_len=max_extra_len)
     records = forward.attention_records(restored.params, restored.model_config, inputs, output)

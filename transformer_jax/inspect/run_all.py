@@ -55,7 +55,6 @@ def run(workdir: str, sentence: str, out_dir: str | None = None, *, step: int | 
       A dict of the results (also saved as ``results.json``) with the markdown summary under "summary".
     """
     out_dir = out_dir or os.path.join(workdir, "inspect")
-    os.makedirs(os.path.join(out_dir, "maps"), exist_ok=True)
     start = time.perf_counter()
 
     def progress(message: str) -> None:
@@ -64,7 +63,8 @@ def run(workdir: str, sentence: str, out_dir: str | None = None, *, step: int | 
     def table(rows, name: str, digits: int = 3) -> str:
         return artifacts.write_table(rows, os.path.join(out_dir, name), digits=digits)[0]
 
-    restored = forward.restore_workdir(workdir, step)
+    restored = forward.restore_workdir(workdir, step)  # a missing workdir fails before anything is made
+    os.makedirs(os.path.join(out_dir, "maps"), exist_ok=True)
     progress(f"restored step {restored.step} of {workdir}; attention maps")
     cfg = restored.model_config
     files: dict[str, str] = {}

@@ -12,13 +12,14 @@ The subclasses also derive from the built-in exception a library caller would ex
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from absl import app
 
-from transformer_jax.runtime import host_memory
+from transformer_jax.runtime import disk, host_memory
 
 TRACEBACK_ENV = "TRANSFORMER_JAX_TRACEBACK"
 
@@ -39,6 +40,21 @@ class MissingFileError(UserError, FileNotFoundError):
     """A file or directory the run needs does not exist; the message names it."""
 
 
+class DiskFullError(UserError, OSError):
+    """A write failed for lack of disk space (or quota); the message names the filesystem and what is kept."""
+
+
+class WorkdirBusyError(UserError, RuntimeError):
+    """Another run holds the workdir; the message names its pid and host."""
+
+
+def disk_full_message(error: OSError) -> str:
+    """One line for an ``OSError(ENOSPC)`` nothing else explained: the file and the filesystem."""
+    where = error.filename or os.getcwd()
+    return (f"no space left on device writing {where}: {disk.describe_filesystem(str(where))} is full. "
+            "Free some space (or point --workdir elsewhere) and run the same command again")
+
+
 def short_error(error: BaseException, limit: int = 300) -> str:
     """One line naming the exception type, for logs and error messages (tensorstore errors run to pages)."""
     text = " ".join(str(error).split())
@@ -53,15 +69,20 @@ def show_tracebacks() -> bool:
 
 
 def short_errors(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
-    """``main`` with a ``UserError`` shown as ``error: <message>`` on stderr and exit status 1."""
+    """``main`` with a ``UserError`` shown as ``error: <message>`` on stderr and exit status 1.
+
+    The message is put on one line. An ``OSError`` for a full disk (ENOSPC, EDQUOT) that nothing
+    turned into a ``DiskFullError`` is shown the same way, naming the file and its filesystem.
+    """
 
     def wrapped(argv: list[str]) -> Any:
         try:
             return main(argv)
-        except UserError as e:
-            if show_tracebacks():
+        except Exception as e:
+            full = isinstance(e, OSError) and not isinstance(e, UserError) and disk.is_disk_full(e)
+            if show_tracebacks() or not (isinstance(e, UserError | app.UsageError) or full):
                 raise
-            message = str(e).strip() or type(e).__name__
+            message = disk_full_message(e) if full else (" ".join(str(e).split()) or type(e).__name__)
             print(f"error: {message}", file=sys.stderr)
             print(f"(set {TRACEBACK_ENV}=1 for the traceback)", file=sys.stderr)
             sys.exit(1)
@@ -70,20 +91,118 @@ def short_errors(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]
     return wrapped
 
 
+def print_error(message: str) -> None:
+    """Prints ``error: <message>`` (on one line) and the traceback hint on stderr, then exits 1."""
+    print(f"error: {' '.join(message.split())}", file=sys.stderr)
+    print(f"(set {TRACEBACK_ENV}=1 for the traceback)", file=sys.stderr)
+    sys.exit(1)
+
+
+# ----------------------------------------------------------------------------------- ml_collections flags
+_CONFIG_FLAGS: list[str] = []  # names of the flags defined by define_config_file
+_DID_YOU_MEAN = re.compile(r"Did you mean \W*\"(\w+)\" instead of \W*\"(\w+)\"")
+
+
+def config_flag_message(error: BaseException, argv: list[str], name: str = "config") -> str:
+    """One line for an error ml_collections raised while loading ``--<name>`` or applying an override.
+
+    A misspelt field (``--config.train.num_stepz=5``) names the flag and suggests the field; anything
+    else keeps the last line of the library's message (it wraps errors of ``get_config`` in a traceback).
+    """
+    text = str(error).replace("\\n", "\n").replace("\\'", "'")
+
+    def flag_naming(key: str) -> str | None:
+        pattern = rf"^--?{name}\.(.+\.)?{re.escape(key)}(\.|=|$)"
+        return next((a.split("=")[0] for a in argv if re.match(pattern, a)), None)
+
+    if m := _DID_YOU_MEAN.search(text):
+        suggestion, typo = m.groups()
+        flag = flag_naming(typo)
+        return (f"{flag + ': ' if flag else ''}the config has no field {typo!r}; did you mean "
+                f"{suggestion!r}? (every field is in the config file; --helpfull lists the flags)")
+    if isinstance(error, KeyError | AttributeError):
+        key = text.strip("'\"").splitlines()[0].strip("'\"")
+        flag = flag_naming(key) or f"--{name}.{key}"
+        return f"{flag}: the config has no field {key!r} (every field is in the config file)"
+    return f"--{name}: {last_line(text)}"
+
+
+def last_line(text: str) -> str:
+    """The last non-blank line of ``text`` (of a traceback a library put into its message: the error)."""
+    lines = [line.strip() for line in text.strip("'\"").splitlines() if line.strip()]
+    return lines[-1] if lines else text
+
+
+def _config_path_in(argv: list[str], name: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg.startswith(f"--{name}=") or arg.startswith(f"-{name}="):
+            return arg.split("=", 1)[1]
+        if arg in (f"--{name}", f"-{name}") and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
+
+
+def _check_config_file(argv: list[str], name: str) -> None:
+    """A ``--<name>=path[:argument]`` whose file is missing is one line naming the path."""
+    value = _config_path_in(argv, name)
+    if value is None:
+        return
+    path = value.split(":", 1)[0]
+    if not path:
+        print_error(f"--{name}= is empty; expected a config file such as configs/default.py")
+    if not os.path.isfile(path):
+        print_error(f"--{name}={value}: no such config file {os.path.abspath(path)}; expected a Python file "
+                    "with get_config(), such as configs/default.py")
+
+
+def note_config_flag(name: str) -> None:
+    """Registers ``--<name>`` as an ml_collections config-file flag (``run_config.define_config_file``):
+    ``parse_flags`` then reports a missing file and a misspelt field as one line each."""
+    _CONFIG_FLAGS.append(name)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, with config-file and flag errors as one ``error:`` line each."""
+    from absl import flags
+
+    for name in _CONFIG_FLAGS:
+        _check_config_file(argv, name)
+    try:
+        remaining = flags.FLAGS(argv)
+        for name in _CONFIG_FLAGS:  # a file that failed to load raises on first access
+            value = flags.FLAGS[name].value
+            error = getattr(type(value), "_ReportError", None) and object.__getattribute__(value, "_error")
+            if error:
+                raise error
+    except flags.Error as e:
+        if show_tracebacks():
+            raise
+        text = str(e)
+        if "Traceback (most recent call last)" in text:  # get_config raised; config_flags kept its traceback
+            text = f"{text.split(': Error whilst parsing', 1)[0]}: {last_line(text)}"
+        print_error(f"{text} (--helpshort lists the flags)")
+    except (KeyError, AttributeError, OSError, TypeError, ValueError) as e:
+        if show_tracebacks() or not _CONFIG_FLAGS:
+            raise
+        print_error(config_flag_message(e, argv, _CONFIG_FLAGS[0]))
+    return remaining
+
+
 def run_main(main: Callable[[list[str]], Any], *, takes_args: bool = False) -> None:
     """``absl.app.run(main)`` for every entry point: the one opening all ``main`` functions share.
 
     Before ``main`` runs: glibc's malloc keeps freed memory (``host_memory``, before jax starts its
-    threads) and stray positional arguments are a usage error, unless ``takes_args`` (``main`` checks
-    them: a data set name, a subcommand). User errors print one or two lines and exit 1 (see the module
-    docstring).
+    threads) and, unless ``takes_args`` (``main`` checks them: a data set name, a subcommand), stray
+    positional arguments are a usage error. User errors, flag errors (``parse_flags``) and usage errors
+    print one ``error:`` line and a hint, and exit 1 (see the module docstring).
     """
 
     def opened(argv: list[str]) -> Any:
         host_memory.keep_freed_memory()
         if len(argv) > 1 and not takes_args:
-            raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+            raise app.UsageError(f"unexpected arguments {argv[1:]}: flags are written --name=value "
+                                 "(--helpshort lists them)")
         return main(argv)
 
     opened.__doc__ = main.__doc__
-    app.run(short_errors(opened))
+    app.run(short_errors(opened), flags_parser=parse_flags)

@@ -241,6 +241,8 @@ def _train_locked(run: RunConfig, workdir: str, guard: PreemptionGuard) -> dict[
     started = time.time()
     is_main = jax.process_index() == 0
     policy = run.checkpoint
+    if not restore.has_checkpoints(workdir):  # fresh: the tokenizer and its corpus checks come first, so a
+        _shared_tokenizer(run.data, workdir)  # vocab_size the corpus cannot fill leaves no checkpoints/
     ckpt = Checkpointer(os.path.join(workdir, "checkpoints"),
                         save_every_steps=policy.checkpoint_every_steps or None,
                         save_every_minutes=policy.checkpoint_every_minutes or None,

@@ -10,6 +10,8 @@ import os
 import socket
 import time
 
+from transformer_jax.runtime.errors import WorkdirBusyError
+
 _log = logging.getLogger(__name__)
 
 
@@ -31,7 +33,8 @@ class WorkdirLock:
     naming the holder's pid while the flock is held, or while the file names a live pid on this host (a holder
     that could not flock). A lock left by a dead process is taken over, with a log message. A holder on
     another host whose flock is gone cannot be checked; that is refused too, naming the file to delete. In
-    multi-host training pass ``enabled=(jax.process_index() == 0)``.
+    multi-host training pass ``enabled=(jax.process_index() == 0)``. A refusal is a ``WorkdirBusyError`` (a
+    ``RuntimeError`` and a user error: train.py prints it in one line).
     """
 
     FILENAME = ".lock"
@@ -53,9 +56,9 @@ class WorkdirLock:
         except json.JSONDecodeError:
             return {"pid": int(raw)} if raw.isdigit() else {}
 
-    def _refuse(self, holder: dict, why: str) -> RuntimeError:
+    def _refuse(self, holder: dict, why: str) -> WorkdirBusyError:
         pid, host = holder.get("pid", "unknown"), holder.get("hostname", "unknown host")
-        return RuntimeError(
+        return WorkdirBusyError(
             f"workdir {self.workdir} is in use by another run: pid {pid} on {host} ({why}). Stop that run "
             f"or use another workdir; if you are sure it is gone, delete {self.path}"
         )
@@ -97,7 +100,7 @@ class WorkdirLock:
             os.fsync(fd)
             self._fd = fd
             return
-        raise RuntimeError(f"could not lock {self.path}: the file kept being replaced by another process")
+        raise WorkdirBusyError(f"could not lock {self.path}: the file kept being replaced by another process")
 
     def release(self) -> None:
         if self._fd is None:

@@ -1,0 +1,100 @@
+"""Every entry point, given one bad input, prints one ``error:`` line (and at most a hint) and no traceback.
+
+Each row of ``BAD_INPUTS`` is (entry point, arguments, text the error line must contain). A new command
+joins by adding its rows (``python -m transformer_jax.<name>`` for a package with ``__main__``, or a
+script path); a row whose module does not exist yet is skipped. The inputs fail during validation, before
+anything compiles or trains, so each row takes a second or two (an import of jax).
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+from transformer_jax.runtime import errors
+from transformer_jax.training.workdir_lock import WorkdirLock
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MISSING = "<tmp>/missing_workdir"  # replaced by a path under the test's tmp_path
+TINY_TRAIN = ("--config.data.synthetic_train_size=60", "--config.data.synthetic_dev_size=4",
+              "--config.data.synthetic_test_size=4")
+
+BAD_INPUTS = [
+    ("train.py", ("--config.train.num_stepz=5",), "--config.train.num_stepz: the config has no field "
+     "'num_stepz'; did you mean 'num_steps'?"),
+    ("train.py", ("--config=configs/default.py", "--config.modle.d_model=8"), "did you mean 'model'?"),
+    ("train.py", ("--config=no/such/config.py",), "--config=no/such/config.py: no such config file"),
+    ("train.py", ("--config=configs/table3.py:nope",), "unknown Table 3 row 'nope'"),
+    ("train.py", ("--config.train.num_steps=many",), "--config.train.num_steps=many"),
+    ("train.py", ("--config.data.tokens_per_batch=1",), "config.data.tokens_per_batch=1 is smaller than "
+     "one row of the smallest length bucket"),
+    ("train.py", ("--config.data.tokens_per_batch=40",), "longest length bucket used (64 tokens"),
+    ("train.py", ("stray",), "unexpected arguments ['stray']"),
+    ("evaluate.py", (f"--workdir={MISSING}",), f"{MISSING}: no such directory"),
+    ("evaluate.py", ("--average_last=-1", "--workdir=."), "--average_last=-1"),
+    ("transformer_jax.inspect", (f"--workdir={MISSING}", "--sentence= "), "--sentence is empty"),
+    ("transformer_jax.inspect", (f"--workdir={MISSING}", "--sentence=Hi"), MISSING),
+    ("transformer_jax.sweep", ("--grid=model.num_headz=1,2", "--launcher=print"),
+     "did you mean 'num_heads'?"),
+    ("transformer_jax.sweep", ("report",), "report needs --workdir"),
+    ("transformer_jax.data.prepare", ("wmt99", "--dir=/tmp/unused"), "unknown data set 'wmt99'"),
+    ("transformer_jax.benchmarks", ("--train_presets=nope",), "--train_presets"),
+    ("transformer_jax.benchmarks.train_step", ("--presets=nope",), "nope"),
+    ("transformer_jax.translate", (f"--workdir={MISSING}",), MISSING),  # joins once the command exists
+]
+
+
+def run(entry: str, *args: str, timeout: int = 180) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != errors.TRACEBACK_ENV}
+    command = [sys.executable, os.path.join(REPO, entry)] if entry.endswith(".py") else [
+        sys.executable, "-m", entry]
+    return subprocess.run([*command, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def assert_one_error_line(result: subprocess.CompletedProcess, *named: str) -> str:
+    """Exit status 1 (the sweep's: 2), nothing but ``error: ...`` and the hint on stderr, no traceback."""
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert result.returncode in (1, 2), result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert 1 <= len(lines) <= 2 and lines[0].startswith("error: "), result.stderr[-3000:]
+    assert len(lines) == 1 or lines[1] == f"(set {errors.TRACEBACK_ENV}=1 for the traceback)", lines
+    for text in named:
+        assert text in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("entry,args,expected", BAD_INPUTS,
+                         ids=[f"{e}:{' '.join(a)}" for e, a, _ in BAD_INPUTS])
+def test_a_bad_input_is_one_error_line(entry, args, expected, tmp_path):
+    if not entry.endswith(".py") and importlib.util.find_spec(entry) is None:
+        pytest.skip(f"{entry} does not exist in this tree")
+    workdir = [] if entry != "train.py" else [f"--workdir={tmp_path / 'w'}"]
+    result = run(entry, *workdir, *(a.replace("<tmp>", str(tmp_path)) for a in args))
+    assert_one_error_line(result, expected.replace("<tmp>", str(tmp_path)))
+    assert not (tmp_path / "w").exists() and not (tmp_path / "missing_workdir").exists()  # nothing made
+
+
+def test_vocab_size_beyond_the_corpus_fails_before_the_tokenizer_trains(tmp_path):
+    workdir = tmp_path / "w"
+    result = run("train.py", f"--workdir={workdir}", *TINY_TRAIN, "--config.data.vocab_size=10000000")
+    line = assert_one_error_line(result, "config.data.vocab_size=10000000 is too large for this training "
+                                 "corpus", "pieces; set data.vocab_size well below")
+    assert "SentencePiece can build" not in line  # the bound from the words, not a trained tokenizer
+    assert not (workdir / "checkpoints").exists() and not (workdir / "tokenizer").exists()
+
+
+def test_a_second_run_on_a_busy_workdir_is_one_error_line(tmp_path):
+    workdir = tmp_path / "busy"
+    with WorkdirLock(str(workdir)):  # this process is the live run
+        result = run("train.py", f"--workdir={workdir}", *TINY_TRAIN)
+    assert_one_error_line(result, f"workdir {workdir} is in use by another run: pid {os.getpid()}")
+
+
+def test_evaluate_errors_come_without_orbax_warnings(tmp_path):
+    (tmp_path / "checkpoints").mkdir()  # opened read-only by orbax before the error
+    result = run("evaluate.py", f"--workdir={tmp_path}")
+    assert_one_error_line(result, "no checkpoint")
+    assert "read only" not in result.stderr and "W1" not in result.stderr
