@@ -90,17 +90,18 @@ def test_vocab_too_large_is_caught_before_training_then_by_sentencepiece(tmp_pat
     words = {"a", "cat", "sat", "on", "mat", "eine", "Katze"}
     chars = {c for w in words for c in w} | {"\u2581"}
     assert bound == 4 + len(chars) + sum(len(w) for w in words)  # specials + characters + BPE merges
-    cfg.vocab_size = bound + 1
+    cfg = cfg.replace(vocab_size=bound + 1)
     with pytest.raises(ConfigError, match=rf"vocab_size={bound + 1} is too large"):
         load_or_train_tokenizer(cfg, str(tmp_path / "w"))
-    cfg.vocab_size = bound  # here every merge is possible: the bound is SentencePiece's exact limit
+    # Here every merge is possible: the bound is SentencePiece's exact limit.
+    cfg = cfg.replace(vocab_size=bound)
     assert load_or_train_tokenizer(cfg, str(tmp_path / "w")).vocab_size == bound
 
     # Unigram's bound (every substring) is loose: within it, SentencePiece names the real limit.
     cfg = default_data_config(source="text", dir=str(tmp_path), vocab_size=5001, vocab_type="unigram")
     with pytest.raises(ConfigError, match=r"at most (\d+) pieces") as info:
         load_or_train_tokenizer(cfg, str(tmp_path / "u"))
-    cfg.vocab_size = int(re.search(r"at most (\d+) pieces", str(info.value)).group(1))
+    cfg = cfg.replace(vocab_size=int(re.search(r"at most (\d+) pieces", str(info.value)).group(1)))
     with pytest.raises(ConfigError, match=rf"vocab_size={cfg.vocab_size} is too large") as info:
         load_or_train_tokenizer(cfg, str(tmp_path / "u"))
     suggested = int(re.search(r"vocab_size <= (\d+)", str(info.value)).group(1))

@@ -129,7 +129,8 @@ def test_an_unwritable_output_folder_fails_before_restoring(workdir, tmp_path):
 def averaging_workdir(tmp_path_factory):
     """A 4-step run whose config averages its last 2 checkpoints (steps 2 and 4)."""
     path = tmp_path_factory.mktemp("evaluate_cli_average")
-    loop.train_and_evaluate(config_with({**TINY, "final_average_last": 2}), str(path))
+    loop.train_and_evaluate(run_config.build_run_config(config_with({**TINY, "final_average_last": 2})),
+                            str(path))
     return str(path)
 
 
