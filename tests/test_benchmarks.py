@@ -48,6 +48,15 @@ def test_unknown_preset_names_fail_with_the_choices():
         presets.check_names(["tiny", "huge"], presets.TRAIN_PRESETS, "--presets")
 
 
+def test_throughput_mode_needs_a_file_and_a_workdir_in_one_line(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "transformer_jax.benchmarks.decoding",
+                             f"--file={tmp_path / 'x.txt'}"], cwd=REPO, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.splitlines()[0] == "error: --file and --workdir go together (a text file and the " \
+        "model to translate it)"
+
+
 @pytest.mark.parametrize("module, flag", [("decoding", "--presets=huge"), ("decoding", "--new_tokens=0"),
                                           ("attention", "--lengths=x"), ("profile", "--searches=wide")])
 def test_a_bad_flag_value_is_one_line_not_a_traceback(module, flag):

@@ -133,6 +133,43 @@ def test_beam_search_with_cache_equals_beam_search_without(tiny):
     np.testing.assert_allclose(cached[1], expected, atol=1e-5)
 
 
+@pytest.mark.parametrize("first", [1, 4])
+def test_a_cache_grown_midway_gives_the_one_phase_outputs(tiny, first):
+    """The first phase's cache (``first`` positions, then grown to max_len) changes no token or score:
+    greedy exactly, beam search the same hypotheses with scores to float tolerance."""
+    cfg, params = tiny
+    inputs = _sources(6)
+    one_phase = decode.greedy_search(params, cfg, inputs, max_extra_len=EXTRA,
+                                     first_cache_len=SRC_LEN + EXTRA)
+    two_phase, steps = decode.greedy_search(params, cfg, inputs, max_extra_len=EXTRA, first_cache_len=first,
+                                            return_num_steps=True)
+    assert int(steps) > first  # the second phase ran
+    np.testing.assert_array_equal(two_phase, one_phase)
+    np.testing.assert_array_equal(two_phase, decode.greedy_search(params, cfg, inputs, max_extra_len=EXTRA,
+                                                                  use_cache=False))
+    beams_one = decode.beam_search(params, cfg, inputs, max_extra_len=EXTRA, return_all_beams=True,
+                                   first_cache_len=SRC_LEN + EXTRA)
+    beams_two = decode.beam_search(params, cfg, inputs, max_extra_len=EXTRA, return_all_beams=True,
+                                   first_cache_len=first)
+    np.testing.assert_array_equal(beams_two[0], beams_one[0])
+    np.testing.assert_allclose(beams_two[1], beams_one[1], atol=1e-6)
+
+
+def test_grow_cache_pads_only_the_self_attention_buffers(tiny):
+    cfg, params = tiny
+    inputs = _sources(7)
+    cache = decode.init_cache(cfg, params, decode.encode(params, cfg, inputs), inputs, cache_len=3)
+    grown = decode.grow_cache(cache, 8)
+    for (path, old), new in zip(jax.tree_util.tree_flatten_with_path(cache)[0], jax.tree.leaves(grown),
+                                strict=True):
+        if path[-1].key in ("cached_key", "cached_value"):
+            assert new.shape == (BATCH, 8) + old.shape[2:]
+            np.testing.assert_array_equal(new[:, :3], old)
+            assert not np.any(np.asarray(new[:, 3:]))
+        else:
+            np.testing.assert_array_equal(new, old)  # encoder keys/values, indices
+
+
 def test_beam_size_one_equals_greedy(tiny):
     cfg, params = tiny
     inputs = _sources(6)

@@ -1,6 +1,7 @@
 """Decoding throughput: greedy and beam search, with the key/value cache and (optionally) without.
 
     python -m transformer_jax.benchmarks.decoding [--presets=tiny,base] [--new_tokens=32,128] [--uncached]
+    python -m transformer_jax.benchmarks.decoding --file=test.en --workdir=DIR [--num_sentences=1000]
 
 A randomly initialized preset model decodes ``batch`` random sources of ``src_len`` tokens. EOS is
 banned (``min_len``) and the output buffer is ``new_tokens`` long, so every sequence gets exactly
@@ -9,6 +10,12 @@ banned (``min_len``) and the output buffer is ``new_tokens`` long, so every sequ
 step), then timed ``--repeats`` times. One JSON line per setting: median and best seconds and generated
 tokens/s = batch x new_tokens / median (for beam search, the best beam's tokens).
 
+Throughput mode (``--file=PATH --workdir=DIR [--num_sentences=N] [--beam_size=K]``): the first N lines
+of a real file through the translate command's path (``translation.translate_texts``: token-budget
+batches sorted by length) with a trained workdir. The first pass compiles; ``--repeats`` more are
+timed. One JSON line: sentences/s and target tokens/s (SentencePiece tokens of the outputs) of the
+first pass (what a one-off command sees, compilation included) and of the median timed pass.
+
 MFU (cached runs only): XLA counts a while-loop body once, so the FLOPs are the analytic count of
 ``flops.decode_flops`` (every step attends to the whole cache buffer), over the best matmul peak.
 """
@@ -16,6 +23,7 @@ MFU (cached runs only): XLA counts a while-loop body once, so the FLOPs are the 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 
@@ -24,13 +32,13 @@ import numpy as np
 from absl import flags
 
 from transformer_jax.benchmarks import presets
-from transformer_jax.evaluation import decode, paper
+from transformer_jax.evaluation import decode, paper, translation
 from transformer_jax.model import flops
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import PAD_ID
 from transformer_jax.model.transformer import init_params
 from transformer_jax.runtime import errors, timing
-from transformer_jax.runtime.errors import ConfigError
+from transformer_jax.runtime.errors import ConfigError, MissingFileError
 
 SEARCHES = ("greedy", "beam")
 
@@ -115,6 +123,44 @@ def run(names: list[str], peak: timing.Peak | None, *, searches=SEARCHES, new_to
     return records
 
 
+def bench_throughput(path: str, workdir: str, *, num_sentences: int | None, beam_size: int | None,
+                     average_last: int = 0, tokens_per_batch: int = translation.DEFAULT_TOKENS_PER_BATCH,
+                     repeats: int) -> dict:
+    """Translates the first ``num_sentences`` lines of ``path`` with ``workdir``; one record.
+
+    ``beam_size`` None takes the run config's (with its alpha and max_extra_len).
+    """
+    from transformer_jax.checkpoints.restore import restore_workdir
+    from transformer_jax.evaluation import scoring
+
+    lines = translation.read_lines(path)[:num_sentences]
+    restored = restore_workdir(workdir)
+    config = restored.config
+    params = scoring.averaged_params(restored, average_last) if average_last > 1 else restored.params
+    settings = translation.Settings(
+        beam_size=config.final_beam_size if beam_size is None else beam_size,
+        alpha=config.final_alpha, max_extra_len=config.final_max_extra_len)
+    run_once = lambda: translation.translate_texts(  # noqa: E731
+        params, restored.model_config, restored.tokenizer, lines, settings, truncate=True,
+        tokens_per_batch=tokens_per_batch)
+    start = time.perf_counter()
+    outputs = run_once()
+    first_s = time.perf_counter() - start
+    times = timing.time_calls(run_once, repeats) if repeats else [first_s]
+    seconds = statistics.median(times)
+    target_tokens = sum(len(ids) for ids in restored.tokenizer.encode_batch(outputs))
+    record = dict(measured="translate_throughput", file=os.path.basename(path), num_sentences=len(lines),
+                  beam_size=settings.beam_size, alpha=settings.alpha, tokens_per_batch=tokens_per_batch,
+                  params=sum(x.size for x in jax.tree.leaves(params)), first_s=round(first_s, 3),
+                  first_sentences_per_s=round(len(lines) / first_s, 2),
+                  median_s=round(seconds, 3), best_s=round(min(times), 3),
+                  sentences_per_s=round(len(lines) / seconds, 2),
+                  target_tokens_per_s=round(target_tokens / seconds, 1), target_tokens=target_tokens,
+                  jax=jax.__version__, backend=jax.default_backend())
+    print(json.dumps(record), flush=True)
+    return record
+
+
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     """The flags of ``python -m transformer_jax.benchmarks.decoding``."""
     flags.DEFINE_list("presets", ["tiny"],
@@ -133,6 +179,17 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_bool("uncached", False, "Also time the cache-off reference path, which reruns the full "
                       "decoder every step (slow: minutes at 128 tokens).", flag_values=flag_values)
     flags.DEFINE_integer("uncached_repeats", 1, "Timed runs per cache-off setting.", flag_values=flag_values)
+    flags.DEFINE_string("file", None, "Throughput mode: translate the lines of this file (needs "
+                        "--workdir) instead of the fixed shapes.", flag_values=flag_values)
+    flags.DEFINE_string("workdir", None, "Throughput mode: the train.py workdir to translate with.",
+                        flag_values=flag_values)
+    flags.DEFINE_integer("num_sentences", None, "Throughput mode: the first N lines (default: all).",
+                         flag_values=flag_values)
+    flags.DEFINE_integer("average_last", 0, "Throughput mode: average the last N checkpoints first.",
+                         flag_values=flag_values)
+    flags.DEFINE_integer("tokens_per_batch", translation.DEFAULT_TOKENS_PER_BATCH,
+                         "Throughput mode: the decoding batch budget (translation.plan_batches).",
+                         flag_values=flag_values)
     flags.DEFINE_integer("peak_repeats", 20, "Timed runs of the 2048^3 matmul peak; MFU divides by the "
                          "best of them.", flag_values=flag_values)
 
@@ -151,6 +208,18 @@ def _positive_ints(values: list[str] | None, flag: str) -> list[int] | None:
 
 def main(argv: list[str]) -> None:
     values = flags.FLAGS
+    if values.file or values.workdir:
+        if not (values.file and values.workdir):
+            raise ConfigError("--file and --workdir go together (a text file and the model to translate it)")
+        for flag, path, check in (("file", values.file, os.path.isfile),
+                                  ("workdir", values.workdir, os.path.isdir)):
+            if not check(path):
+                raise MissingFileError(f"--{flag}={path}: not found")
+        beam_size = None if values["beam_size"].using_default_value else values.beam_size
+        bench_throughput(values.file, values.workdir, num_sentences=values.num_sentences,
+                         beam_size=beam_size, average_last=values.average_last,
+                         tokens_per_batch=values.tokens_per_batch, repeats=values.repeats)
+        return
     names = presets.check_names(values.presets, presets.DECODE_PRESETS, "--presets")
     searches = presets.check_names(values.searches, dict.fromkeys(SEARCHES), "--searches")
     new_tokens = _positive_ints(values.new_tokens, "--new_tokens")

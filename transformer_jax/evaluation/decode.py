@@ -18,6 +18,13 @@ Scores: the GNMT length penalty ``lp(Y) = ((5 + |Y|) / 6) ** alpha`` (Wu et al.,
 number of output tokens including EOS, and ``score(Y) = log P(Y | X) / lp(Y)``. See
 :func:`length_penalty` for the direction of its effect.
 
+The cache grows in two phases: the loop first runs against a self-attention cache of
+``first_cache_len`` positions (default ``src_len + 16``: most outputs end near the source length) and,
+only if some example is still going at that length, pads the cache to ``max_len`` and goes on. The
+cache is what every step reads and what beam search reorders, so a cache of ``src_len + 50`` positions
+for outputs of about ``src_len`` would make each step several times dearer; masked positions weigh
+exactly 0, so the logits do not change (up to the order of float sums).
+
 ``use_cache=False`` gives the reference (and benchmark baseline) path: every step reruns the full
 decoder over the prefix, padded to ``max_len``, without a cache; the causal mask makes its logits equal.
 """
@@ -41,6 +48,10 @@ _INVALID = 0.5 * NEG_INF  # log probabilities below this belong to impossible hy
 
 # Cache leaves that beams of one example share: the encoder keys/values of cross-attention.
 _SHARED_CACHE_LEAVES = ("encoded_key", "encoded_value")
+# The self-attention buffers, [batch, cache_len, heads, d_k|d_v].
+_SELF_CACHE_LEAVES = ("cached_key", "cached_value")
+# The first phase's cache holds the source length plus this many positions (see the module docstring).
+FIRST_CACHE_EXTRA = 16
 
 
 def length_penalty(length: Array | int, alpha: Array | float) -> Array:
@@ -114,6 +125,36 @@ def _cache_len(cache: Any) -> int:
     raise ValueError("the cache holds no 'cached_key' leaf; build it with init_cache")
 
 
+def grow_cache(cache: Any, cache_len: int) -> Any:
+    """The cache with its self-attention buffers zero-padded to ``cache_len`` positions (indices kept)."""
+    def pad(path, x):
+        if getattr(path[-1], "key", None) not in _SELF_CACHE_LEAVES:
+            return x
+        return jnp.pad(x, [(0, 0), (0, cache_len - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
+    return jax.tree_util.tree_map_with_path(pad, cache)
+
+
+def _first_cache_len(first_cache_len: int | None, src_len: int, max_len: int) -> int:
+    if first_cache_len is None:
+        first_cache_len = src_len + FIRST_CACHE_EXTRA
+    if first_cache_len < 1:
+        raise ValueError(f"first_cache_len must be >= 1, got {first_cache_len}")
+    return min(int(first_cache_len), max_len)
+
+
+def _run_in_phases(cond, body, carry, *, first: int, max_len: int, model_state_index: int):
+    """``while_loop(cond, body, carry)``, first with the cache as built (``first`` positions) while
+    ``t < first``, then with it grown to ``max_len``. ``carry[0]`` is t; ``carry[model_state_index]``
+    is the cache (or () uncached, which runs in one phase)."""
+    if first >= max_len or not jax.tree.leaves(carry[model_state_index]):
+        return jax.lax.while_loop(cond, body, carry)
+    carry = jax.lax.while_loop(lambda c: cond(c) & (c[0] < first), body, carry)
+    items = list(carry)
+    items[model_state_index] = grow_cache(items[model_state_index], max_len)
+    carry = type(carry)(*items) if hasattr(carry, "_fields") else tuple(items)
+    return jax.lax.while_loop(cond, body, carry)
+
+
 def decode_step(params: Any, model_config: ModelConfig, cache: Any, encoded: Array, inputs: Array,
                 tokens: Array) -> tuple[Array, Any]:
     """One cached decoder step: logits for the next token after ``tokens``.
@@ -161,10 +202,11 @@ class _Stepper(NamedTuple):
 
 
 def _make_stepper(params: Any, model_config: ModelConfig, inputs: Array, max_len: int,
-                  use_cache: bool, beams: int = 1) -> _Stepper:
+                  use_cache: bool, beams: int = 1, cache_len: int | None = None) -> _Stepper:
     """Encodes ``inputs`` int32[batch, src_len] once and returns a stepper over batch * beams rows.
 
-    Row ``b * beams + k`` is beam k of example b.
+    Row ``b * beams + k`` is beam k of example b. The cache starts with ``cache_len`` (default
+    ``max_len``) positions; ``grow_cache`` lengthens it, and the step follows its shape.
     """
     encoded = encode(params, model_config, inputs)  # [B, S, D]
     if not use_cache:
@@ -173,7 +215,7 @@ def _make_stepper(params: Any, model_config: ModelConfig, inputs: Array, max_len
         return _Stepper((), step, lambda state, rows: state)
 
     # Project the encoder keys/values once per example, then copy the cache to every beam.
-    cache = init_cache(model_config, params, encoded, inputs, max_len)
+    cache = init_cache(model_config, params, encoded, inputs, cache_len or max_len)
     cache = jax.tree.map(lambda x: jnp.repeat(x, beams, axis=0) if x.ndim else x, cache)
     encoded, inputs = (jnp.repeat(x, beams, axis=0) for x in (encoded, inputs))  # [B*K, ...]
 
@@ -217,11 +259,12 @@ def _length_limits(inputs: Array, max_len: int, max_extra_len: Array | int) -> A
 
 # Only shapes and modes are static; max_extra_len, min_len and alpha are traced, so changing them does
 # not recompile.
-@functools.partial(jax.jit, static_argnames=("model_config", "max_len", "use_cache"))
-def _greedy_search(params, inputs, max_extra_len, min_len, *, model_config, max_len, use_cache):
+@functools.partial(jax.jit, static_argnames=("model_config", "max_len", "use_cache", "first_cache_len"))
+def _greedy_search(params, inputs, max_extra_len, min_len, *, model_config, max_len, use_cache,
+                   first_cache_len):
     batch = inputs.shape[0]
     limits = _length_limits(inputs, max_len, max_extra_len)  # [B]
-    stepper = _make_stepper(params, model_config, inputs, max_len, use_cache)
+    stepper = _make_stepper(params, model_config, inputs, max_len, use_cache, cache_len=first_cache_len)
 
     def not_done(carry):
         t, _, _, finished = carry
@@ -238,13 +281,15 @@ def _greedy_search(params, inputs, max_extra_len, min_len, *, model_config, max_
 
     carry = (jnp.zeros((), jnp.int32), jnp.full((batch, max_len), PAD_ID, jnp.int32), stepper.state,
              jnp.zeros((batch,), bool))
-    num_steps, tokens, _, _ = jax.lax.while_loop(not_done, body, carry)
+    num_steps, tokens, _, _ = _run_in_phases(not_done, body, carry, first=first_cache_len, max_len=max_len,
+                                             model_state_index=2)
     return tokens, num_steps
 
 
 def greedy_search(params: Any, model_config: ModelConfig, inputs: Array, *, max_len: int | None = None,
                   max_extra_len: int = paper.MAX_EXTRA_LEN, min_len: int = 0, use_cache: bool = True,
-                  return_num_steps: bool = False) -> Array | tuple[Array, Array]:
+                  return_num_steps: bool = False,
+                  first_cache_len: int | None = None) -> Array | tuple[Array, Array]:
     """Greedy decoding: the most likely next token at every step, until EOS or the length limit.
 
     Args:
@@ -257,6 +302,8 @@ def greedy_search(params: Any, model_config: ModelConfig, inputs: Array, *, max_
       min_len: EOS is banned as any of the first ``min_len`` output tokens (for fixed-length benchmarks).
       use_cache: False reruns the full decoder over the prefix every step (the reference path).
       return_num_steps: also return how many decoder steps ran (the loop stops once all have finished).
+      first_cache_len: positions of the first phase's cache (module docstring); default ``src_len +
+        FIRST_CACHE_EXTRA``; ``max_len`` or more runs in one phase. Does not change the outputs.
 
     Returns:
       int32[batch, max_len] tokens (then EOS, then PAD; see the module docstring), and with
@@ -264,9 +311,9 @@ def greedy_search(params: Any, model_config: ModelConfig, inputs: Array, *, max_
     """
     inputs = jnp.asarray(inputs, jnp.int32)
     max_len = _check_args(model_config, inputs, max_len, max_extra_len, min_len)
-    tokens, num_steps = _greedy_search(params, inputs, max_extra_len, min_len,
-                                       model_config=_eval_config(model_config), max_len=max_len,
-                                       use_cache=use_cache)
+    tokens, num_steps = _greedy_search(
+        params, inputs, max_extra_len, min_len, model_config=_eval_config(model_config), max_len=max_len,
+        use_cache=use_cache, first_cache_len=_first_cache_len(first_cache_len, inputs.shape[1], max_len))
     return (tokens, num_steps) if return_num_steps else tokens
 
 
@@ -361,12 +408,14 @@ def _beam_search_done(state: _BeamState, *, alpha: Array, limits: Array) -> Arra
     return (state.t >= limits) | (worst_finished > best_possible)
 
 
-@functools.partial(jax.jit, static_argnames=("model_config", "beam_size", "max_len", "use_cache"))
+@functools.partial(jax.jit, static_argnames=("model_config", "beam_size", "max_len", "use_cache",
+                                             "first_cache_len"))
 def _beam_search(params, inputs, alpha, max_extra_len, min_len, *, model_config, beam_size, max_len,
-                 use_cache):
+                 use_cache, first_cache_len):
     batch = inputs.shape[0]
     limits = _length_limits(inputs, max_len, max_extra_len)  # [B]
-    stepper = _make_stepper(params, model_config, inputs, max_len, use_cache, beams=beam_size)
+    stepper = _make_stepper(params, model_config, inputs, max_len, use_cache, beams=beam_size,
+                            cache_len=first_cache_len)
     empty_seqs = jnp.full((batch, beam_size, max_len), PAD_ID, jnp.int32)
     # Only beam 0 starts alive, so the first step does not pick K copies of the same token.
     alive_logprobs = jnp.where(jnp.arange(beam_size) == 0, 0.0, NEG_INF)[None, :]
@@ -378,7 +427,8 @@ def _beam_search(params, inputs, alpha, max_extra_len, min_len, *, model_config,
     step = functools.partial(_beam_step, stepper=stepper, beam_size=beam_size, alpha=alpha,
                              min_len=min_len, limits=limits)
     not_done = lambda s: (s.t < max_len) & ~jnp.all(_beam_search_done(s, alpha=alpha, limits=limits))
-    state = jax.lax.while_loop(not_done, step, state)
+    state = _run_in_phases(not_done, step, state, first=first_cache_len, max_len=max_len,
+                           model_state_index=_BeamState._fields.index("model_state"))
     # Every example finishes by its limit (<= max_len), where all of its candidates end.
     return state.finished_seqs, state.finished_scores, state.t
 
@@ -387,7 +437,7 @@ def beam_search(params: Any, model_config: ModelConfig, inputs: Array, *, beam_s
                 alpha: float = paper.LENGTH_PENALTY_ALPHA, max_len: int | None = None,
                 max_extra_len: int = paper.MAX_EXTRA_LEN, min_len: int = 0,
                 use_cache: bool = True, return_all_beams: bool = False,
-                return_num_steps: bool = False) -> tuple[Array, ...]:
+                return_num_steps: bool = False, first_cache_len: int | None = None) -> tuple[Array, ...]:
     """Beam search with the GNMT length penalty, as in the paper (beam 4, alpha 0.6).
 
     The Flax WMT example's algorithm: each step extends the ``beam_size`` alive hypotheses by every
@@ -402,7 +452,8 @@ def beam_search(params: Any, model_config: ModelConfig, inputs: Array, *, beam_s
       inputs: int32[batch, src_len] source ids, PAD-padded.
       beam_size: hypotheses kept per example (K).
       alpha: length penalty strength, >= 0; larger favours longer outputs (see :func:`length_penalty`).
-      max_len, max_extra_len, min_len, use_cache, return_num_steps: as in :func:`greedy_search`.
+      max_len, max_extra_len, min_len, use_cache, return_num_steps, first_cache_len: as in
+        :func:`greedy_search`.
       return_all_beams: return every finished beam, best first, instead of the best one.
 
     Returns:
@@ -418,6 +469,7 @@ def beam_search(params: Any, model_config: ModelConfig, inputs: Array, *, beam_s
         raise ValueError(f"alpha must be >= 0 (larger favours longer outputs), got {alpha}")
     seqs, scores, num_steps = _beam_search(
         params, inputs, jnp.float32(alpha), max_extra_len, min_len, model_config=_eval_config(model_config),
-        beam_size=beam_size, max_len=max_len, use_cache=use_cache)
+        beam_size=beam_size, max_len=max_len, use_cache=use_cache,
+        first_cache_len=_first_cache_len(first_cache_len, inputs.shape[1], max_len))
     out = (seqs, scores) if return_all_beams else (seqs[:, 0], scores[:, 0])
     return (*out, num_steps) if return_num_steps else out

@@ -20,9 +20,10 @@ from transformer_jax.checkpoints.averaging import average_checkpoints
 from transformer_jax.checkpoints.manager import Checkpointer
 from transformer_jax.checkpoints.restore import Restored, restore_workdir
 from transformer_jax.data.sources import read_parallel_numbered
-from transformer_jax.evaluation import bleu, decode, evaluate_args, paper, paper_tables, parsing
+from transformer_jax.evaluation import bleu, evaluate_args, paper, paper_tables, parsing, translation
 from transformer_jax.model import loss
 from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.special_ids import PAD_ID
 from transformer_jax.runtime.errors import ConfigError
 
 
@@ -55,16 +56,16 @@ def translate(params, model_config: ModelConfig, tokenizer, batches, *,
     """Detokenized translations of every real row of ``batches``, in the split's line order.
 
     ``beam_size=1`` is greedy search; otherwise beam search with the GNMT length penalty ``alpha``.
-    Outputs are at most (input length + ``max_extra_len``) tokens long.
+    Outputs are at most (input length + ``max_extra_len``) tokens long. The sources are re-batched by
+    the decoding token budget (``translation.decode_ids``, the path of the translate command).
     """
-    per_batch = []
+    ids = [row[row != PAD_ID] for b in batches for row in np.asarray(b.inputs)[: b.num_real]]
+    settings = translation.Settings(beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len)
+    texts = tokenizer.decode_batch(translation.decode_ids(params, model_config, ids, settings))
+    per_batch, start = [], 0
     for b in batches:
-        if beam_size == 1:
-            tokens = decode.greedy_search(params, model_config, b.inputs, max_extra_len=max_extra_len)
-        else:
-            tokens, _ = decode.beam_search(params, model_config, b.inputs, beam_size=beam_size,
-                                           alpha=alpha, max_extra_len=max_extra_len)
-        per_batch.append(tokenizer.decode_batch(np.asarray(tokens)[: b.num_real]))
+        per_batch.append(texts[start:start + b.num_real])
+        start += b.num_real
     return _in_split_order(batches, per_batch)
 
 

@@ -1,0 +1,278 @@
+"""Tests for evaluation/translation.py and the translate command: batch plans, equality with one-batch
+decoding, empty and too-long lines, and the CLI end to end on a tiny workdir."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from tiny import config_with
+
+from transformer_jax import data as data_lib
+from transformer_jax import run_config
+from transformer_jax.checkpoints import restore
+from transformer_jax.checkpoints.manager import Checkpointer
+from transformer_jax.evaluation import decode, scoring, translation
+from transformer_jax.model import transformer as model_lib
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.special_ids import EOS_ID, PAD_ID
+from transformer_jax.runtime import sharding
+from transformer_jax.runtime.errors import DataError
+from transformer_jax.training import train_state
+
+VOCAB = 29
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _model_config(max_len=40):
+    return ModelConfig(vocab_size=VOCAB, d_model=15, d_ff=17, num_heads=3, d_k=5, d_v=7,
+                       num_encoder_layers=1, num_decoder_layers=2, dropout_rate=0.0, max_len=max_len)
+
+
+def _sentences(seed, n, max_tokens):
+    """n int32 id arrays of 1..max_tokens tokens, each ending with EOS (as ``source_ids`` makes them)."""
+    rng = np.random.default_rng(seed)
+    return [np.append(rng.integers(4, VOCAB, size=rng.integers(0, max_tokens)), EOS_ID).astype(np.int32)
+            for _ in range(n)]
+
+
+def _one_batch(ids):
+    """int32[n, longest]: every sentence in one PAD-padded batch, in input order."""
+    out = np.full((len(ids), max(map(len, ids))), PAD_ID, np.int32)
+    for r, s in enumerate(ids):
+        out[r, :len(s)] = s
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Batch plans.
+
+
+@pytest.mark.parametrize("beams,extra,budget", [(1, 3, 700), (5, 50, 96 * 1024), (4, 0, 3000)])
+def test_plan_covers_every_sentence_once_sorted_and_within_budget(beams, extra, budget):
+    lengths = np.random.default_rng(3).integers(1, 90, size=1001)
+    batches = translation.plan_batches(lengths, beams=beams, max_extra_len=extra, tokens_per_batch=budget)
+    covered = np.concatenate([b.indices for b in batches])
+    assert sorted(covered.tolist()) == list(range(1001))  # each exactly once
+    src_lens = [b.src_len for b in batches]
+    assert src_lens == sorted(src_lens)
+    for k, b in enumerate(batches):
+        assert lengths[b.indices].max() <= b.src_len
+        assert b.src_len % 8 == 0 or b.src_len == lengths.max()
+        assert len(b.indices) <= b.rows
+        assert beams * b.rows * (b.src_len + extra) <= budget or b.rows == 8
+        if k < len(batches) - 1:  # only the last batch has padding rows
+            assert len(b.indices) == b.rows
+    last = batches[-1]
+    assert last.rows & (last.rows - 1) == 0 or len(last.indices) == last.rows  # a power of two
+
+
+def test_plan_of_one_sentence_is_one_row_and_of_none_is_empty():
+    (batch,) = translation.plan_batches([5], beams=4, max_extra_len=50)
+    assert (batch.rows, batch.src_len, batch.indices.tolist()) == (1, 8, [0])
+    assert translation.plan_batches([], beams=4, max_extra_len=50) == []
+    capped = translation.plan_batches([5, 9, 11], beams=1, max_extra_len=3, max_src_len=11)
+    # One batch (too few for 8 rows at length 8), never padded beyond the position table.
+    assert [(b.src_len, b.rows) for b in capped] == [(11, 4)]
+
+
+# --------------------------------------------------------------------------------------------------
+# Same outputs as the present decoder on one batch holding every sentence.
+
+
+def test_greedy_decode_ids_equals_greedy_search_of_one_batch_exactly():
+    cfg, ids = _model_config(), _sentences(0, 37, 20)
+    params = model_lib.init_params(cfg, rng=jax.random.key(1))
+    settings = translation.Settings(beam_size=1, max_extra_len=5)
+    got = translation.decode_ids(params, cfg, ids, settings, tokens_per_batch=8 * 30)  # several batches
+    assert len(translation.plan_batches([len(s) for s in ids], beams=1, max_extra_len=5,
+                                        tokens_per_batch=8 * 30)) >= 3
+    expected = np.asarray(decode.greedy_search(params, cfg, _one_batch(ids), max_extra_len=5))
+    for i, (g, s) in enumerate(zip(got, ids, strict=True)):
+        assert g.shape == (len(s) + 5,)
+        np.testing.assert_array_equal(g, expected[i, :len(s) + 5], err_msg=f"sentence {i}")
+        assert np.all(expected[i, len(s) + 5:] == PAD_ID)  # nothing lost by trimming to the limit
+
+
+def test_beam_decode_ids_gives_the_hypotheses_of_beam_search_of_one_batch():
+    cfg, ids = _model_config(), _sentences(1, 23, 14)
+    params = model_lib.init_params(cfg, rng=jax.random.key(2))
+    settings = translation.Settings(beam_size=3, alpha=0.6, max_extra_len=4)
+    got = translation.decode_ids(params, cfg, ids, settings, tokens_per_batch=3 * 8 * 20)
+    expected, _ = decode.beam_search(params, cfg, _one_batch(ids), beam_size=3, alpha=0.6, max_extra_len=4)
+    for i, (g, s) in enumerate(zip(got, ids, strict=True)):
+        np.testing.assert_array_equal(g, np.asarray(expected)[i, :len(s) + 4], err_msg=f"sentence {i}")
+
+
+def test_evaluation_path_is_decode_ids():
+    """scoring.translate (evaluate.py, dev BLEU) gives the texts of decode_ids on the real rows."""
+    cfg, ids = _model_config(), _sentences(2, 9, 10)
+    params = model_lib.init_params(cfg, rng=jax.random.key(3))
+    inputs = _one_batch(ids + [np.asarray([EOS_ID])] * 2)  # two padding rows beyond num_real
+    inputs[9:] = PAD_ID
+    batch = data_lib.EvalBatch(inputs, inputs, [""] * 9, [""] * 9, np.arange(9)[::-1].copy(), 9)
+
+    class Digits:
+        def decode_batch(self, rows):
+            return [" ".join(str(int(i)) for i in row if i != PAD_ID) for row in rows]
+
+    got = scoring.translate(params, cfg, Digits(), [batch], beam_size=2, alpha=1.0, max_extra_len=3)
+    outputs = translation.decode_ids(params, cfg, ids, translation.Settings(2, 1.0, 3))
+    assert got == Digits().decode_batch(outputs)[::-1]  # rows are put back in split order
+
+
+# --------------------------------------------------------------------------------------------------
+# Text in, text out.
+
+
+class _CharTokenizer:
+    """One token per character (ids 4 + ord % 25), decoded back to letters."""
+
+    def encode_batch(self, texts):
+        return [[4 + ord(c) % 25 for c in t] for t in texts]
+
+    def decode_batch(self, rows):
+        texts = []
+        for row in rows:
+            row = list(np.asarray(row))
+            row = row[:row.index(EOS_ID)] if EOS_ID in row else row
+            texts.append("".join(chr(ord("a") + int(i) - 4) for i in row if i >= 4))
+        return texts
+
+
+def test_translate_texts_keeps_order_and_empty_lines():
+    cfg = _model_config()
+    params = model_lib.init_params(cfg, rng=jax.random.key(4))
+    texts = ["abc de", "", "x", "   ", "a much longer line", "abc de"]
+    settings = translation.Settings(beam_size=1, max_extra_len=3)
+    got = translation.translate_texts(params, cfg, _CharTokenizer(), texts, settings)
+    assert got[1] == "" and got[3] == "" and len(got) == 6
+    assert got[0] == got[5]  # same sentence, same output, wherever it sits
+    alone = [translation.translate_texts(params, cfg, _CharTokenizer(), [t], settings)[0] for t in texts]
+    assert got == alone
+    seen = []
+    translation.translate_texts(params, cfg, _CharTokenizer(), texts, settings, progress=seen.append)
+    assert sum(seen) == len(texts)
+
+
+def test_too_long_line_is_an_error_naming_it_unless_truncate():
+    cfg = _model_config(max_len=12)  # room for 12 - 3 = 9 source tokens, EOS included
+    params = model_lib.init_params(cfg, rng=jax.random.key(5))
+    settings = translation.Settings(beam_size=1, max_extra_len=3)
+    texts = ["short", "", "exactly8", "ninechars"]  # 9 and 10 tokens with EOS
+    with pytest.raises(DataError, match=r"in\.txt:4: 10 tokens .*more than the 9.*--truncate"):
+        translation.translate_texts(params, cfg, _CharTokenizer(), texts, settings,
+                                    locations=[f"in.txt:{i + 1}" for i in range(4)])
+    got = translation.translate_texts(params, cfg, _CharTokenizer(), texts, settings, truncate=True)
+    cut = translation.translate_texts(params, cfg, _CharTokenizer(), ["ninechar"], settings)
+    assert got[3] == cut[0]  # cut to 8 tokens + EOS
+
+
+def test_read_lines_keeps_empty_lines_and_drops_the_final_line_end(tmp_path):
+    path = tmp_path / "in.txt"
+    path.write_bytes(b"one\n\ntwo\r\nthree\n")
+    assert translation.read_lines(str(path)) == ["one", "", "two", "three"]
+    path.write_bytes(b"no final newline")
+    assert translation.read_lines(str(path)) == ["no final newline"]
+
+
+# --------------------------------------------------------------------------------------------------
+# The command, on a workdir of an untrained tiny model.
+
+TINY = {
+    "data.synthetic_train_size": 300, "data.synthetic_dev_size": 7, "data.synthetic_test_size": 5,
+    "data.vocab_size": 120, "data.tokens_per_batch": 512,
+    "model.d_model": 12, "model.d_ff": 20, "model.num_heads": 3,
+    "model.num_encoder_layers": 1, "model.num_decoder_layers": 1,
+}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A train.py-shaped workdir without training: a tokenizer and checkpoint 1 of the initial state."""
+    workdir = str(tmp_path_factory.mktemp("workdir"))
+    config = config_with(TINY)
+    tokenizer = data_lib.load_or_train_tokenizer(config.data, workdir)
+    model_config = run_config.model_config_from(config, tokenizer.vocab_size)
+    mesh = sharding.make_mesh((1, 1), jax.devices()[:1])
+    state, _ = train_state.create_train_state(
+        model_config, train_state.make_optimizer(config, model_config.d_model), mesh, (), seed=0)
+    with Checkpointer(restore.checkpoint_dir(workdir), save_every_steps=None,
+                      save_every_minutes=None) as ckpt:
+        ckpt.save(1, state.replace(step=state.step + 1), data_state={},
+                  config=json.loads(config.to_json_best_effort()), force=True)
+    return workdir
+
+
+def _run(args, stdin=""):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    return subprocess.run([sys.executable, "-m", "transformer_jax.translate", *args], input=stdin,
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+
+
+def _error_line(result):
+    """The one ``error:`` line of a failed command's stderr (absl may log warnings before it)."""
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("error:")]
+    return line
+
+
+def test_translate_command_reads_stdin_and_writes_translations_in_order(workdir, tmp_path):
+    lines = ["the first sentence", "", "a second one, longer than the first one", "third"]
+    result = _run([f"--workdir={workdir}", "--beam_size=2", "--max_extra_len=4", "--stats"],
+                  "\n".join(lines) + "\n")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout.split("\n")
+    assert len(out) == 5 and out[-1] == "" and out[1] == ""  # one line per input line
+    stats = json.loads(result.stderr.strip().splitlines()[-1])
+    assert stats["num_sentences"] == 4 and stats["sentences_per_second"] > 0
+    restored = restore.restore_workdir(workdir)
+    expected = translation.translate_texts(restored.params, restored.model_config, restored.tokenizer,
+                                           lines, translation.Settings(2, restored.config.final_alpha, 4))
+    assert out[:4] == expected
+    # --input / --output give the same text.
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    result = _run([f"--workdir={workdir}", "--beam_size=2", "--max_extra_len=4",
+                   f"--input={tmp_path / 'in.txt'}", f"--output={tmp_path / 'out.txt'}"])
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out.txt").read_text().split("\n")[:4] == expected
+
+
+def test_translate_command_names_a_too_long_line_in_one_error_line(workdir, tmp_path):
+    (tmp_path / "in.txt").write_text("fine\n" + "word " * 400 + "\n")
+    result = _run([f"--workdir={workdir}", f"--input={tmp_path / 'in.txt'}"])
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    line = _error_line(result)
+    assert line.startswith(f"error: {tmp_path / 'in.txt'}:2: ") and "tokens (EOS included)" in line
+    result = _run([f"--workdir={workdir}", f"--input={tmp_path / 'in.txt'}", "--truncate", "--beam_size=1",
+                   "--max_extra_len=2"])
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.split("\n")) == 3
+
+
+def test_translate_command_rejects_bad_flags_in_one_line(workdir, tmp_path):
+    result = _run([f"--workdir={workdir}", "--beam_size=0"])
+    assert result.returncode == 1 and _error_line(result).startswith("error: --beam_size=0: expected >= 1")
+    result = _run([f"--workdir={tmp_path / 'nowhere'}"])
+    assert result.returncode == 1 and "no such directory" in _error_line(result)
+    result = _run([f"--workdir={workdir}", f"--input={tmp_path / 'missing.txt'}"])
+    assert result.returncode == 1 and "missing.txt: no such file" in _error_line(result)
+
+
+def test_throughput_benchmark_reports_the_translate_path_on_a_file(workdir, tmp_path, capsys):
+    from transformer_jax.benchmarks import decoding
+
+    lines = ["one sentence", "", "another, longer sentence here", "x"]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    record = decoding.bench_throughput(str(tmp_path / "in.txt"), workdir, num_sentences=3, beam_size=2,
+                                       repeats=1)
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == record
+    assert record["num_sentences"] == 3 and record["beam_size"] == 2
+    restored = restore.restore_workdir(workdir)
+    outputs = translation.translate_texts(restored.params, restored.model_config, restored.tokenizer,
+                                          lines[:3], translation.Settings(2, restored.config.final_alpha,
+                                                                          restored.config.final_max_extra_len))
+    assert record["target_tokens"] == sum(map(len, restored.tokenizer.encode_batch(outputs)))
+    assert record["sentences_per_s"] == pytest.approx(3 / record["median_s"], rel=0.02)

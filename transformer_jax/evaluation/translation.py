@@ -1,0 +1,289 @@
+"""Translating sentences with a trained model: the one decoding path of translate, evaluate.py and dev BLEU.
+
+Sentences are token ids with EOS appended. They are sorted by length and packed into batches by a
+decoding token budget (:func:`plan_batches`), searched with ``decode.greedy_search`` (``beam_size=1``)
+or ``decode.beam_search``, and returned in the input order. A batch of sources padded to length ``L``
+holds ``rows = tokens_per_batch // (beams * (L + max_extra_len))`` sentences (a multiple of 8): the
+search runs ``rows * beams`` decoder rows against a cache of ``L + max_extra_len`` positions, so the
+budget bounds the cache and gives short sentences many rows per matrix product.
+
+Outputs do not depend on the batching: example i may output ``src_len_i + max_extra_len`` tokens
+(``decode``'s length limit), whatever its batch's padded length, so translations equal those of one
+batch holding every sentence.
+
+Shapes are few so that compilation stays cheap: ``L`` is a multiple of 8 up to 64, then grows by 1.25
+(``eval_batches.extended_buckets``), the last one cut to the longest sentence. Sentences a length
+cannot fill a batch with move up to the next length, so only the last batch is partial, and its rows
+are rounded up to a power of two.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from transformer_jax.checkpoints.restore import restore_workdir
+from transformer_jax.data.eval_batches import extended_buckets
+from transformer_jax.data.sources import normalize_whitespace
+from transformer_jax.evaluation import decode, paper
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.special_ids import EOS_ID, PAD_ID
+from transformer_jax.runtime.errors import ConfigError, DataError, MissingFileError
+
+# Decoder rows x cache positions per batch. Picked on the Multi30k model (2 CPU cores): beam 5 at
+# source length 16 gets 256 sentences (1,280 rows x 66 positions); see docs/benchmarks.md.
+DEFAULT_TOKENS_PER_BATCH = 96 * 1024
+_LENGTHS = (8, 16, 24, 32, 40, 48, 56, 64)  # padded source lengths; longer ones grow by 1.25
+_ROW_MULTIPLE = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """How to decode: ``beam_size`` 1 is greedy search; ``alpha`` is the GNMT length penalty."""
+
+    beam_size: int = paper.BEAM_SIZE
+    alpha: float = paper.LENGTH_PENALTY_ALPHA
+    max_extra_len: int = paper.MAX_EXTRA_LEN
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """One planned batch: sentences ``indices`` int64[num_real], padded to ``src_len`` and ``rows`` rows."""
+
+    indices: np.ndarray
+    src_len: int
+    rows: int
+
+
+def plan_batches(lengths: Sequence[int], *, beams: int, max_extra_len: int,
+                 tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH,
+                 max_src_len: int | None = None) -> list[Batch]:
+    """Batches covering every sentence exactly once, shortest first.
+
+    Args:
+      lengths: int[n] token counts, EOS included (all >= 1).
+      beams: decoder rows per sentence (the beam size; 1 for greedy).
+      max_extra_len: output positions beyond the source (the cache is ``src_len + max_extra_len``).
+      tokens_per_batch: the budget of ``beams * rows * (src_len + max_extra_len)``; at least 8 rows.
+      max_src_len: no batch is padded beyond this (the model's position table); >= every length.
+
+    Returns:
+      Batches in increasing ``src_len``; within one, sentences by length then by index.
+    """
+    lengths = np.asarray(lengths, np.int64)
+    if not len(lengths):
+        return []
+    longest = int(lengths.max())
+    buckets = extended_buckets(_LENGTHS, longest)
+    buckets = buckets[:int(np.searchsorted(buckets, longest)) + 1]  # none beyond the longest sentence's
+    if max_src_len is not None and buckets[-1] > max_src_len:
+        buckets = [b for b in buckets if b < max_src_len] + [max_src_len]
+    bucket_of = np.searchsorted(np.asarray(buckets), lengths)  # the smallest bucket >= length
+    batches, carried = [], np.zeros(0, np.int64)
+    for b, src_len in enumerate(buckets):
+        size = tokens_per_batch // (beams * (src_len + max_extra_len))
+        size = max(_ROW_MULTIPLE, size // _ROW_MULTIPLE * _ROW_MULTIPLE)
+        members = np.flatnonzero(bucket_of == b)
+        members = np.concatenate([carried, members[np.argsort(lengths[members], kind="stable")]])
+        last = b == len(buckets) - 1
+        full = len(members) if last else len(members) - len(members) % size
+        for start in range(0, full, size):
+            real = members[start:min(start + size, full)]
+            rows = size if len(real) == size else min(size, 1 << (len(real) - 1).bit_length())
+            batches.append(Batch(real, src_len, rows))
+        carried = members[full:]
+    return batches
+
+
+def _padded(ids: Sequence[np.ndarray], indices: np.ndarray, rows: int, src_len: int) -> np.ndarray:
+    """int32[rows, src_len]: the sentences ``indices`` right-padded with PAD, then all-PAD rows."""
+    out = np.full((rows, src_len), PAD_ID, np.int32)
+    for r, i in enumerate(indices):
+        out[r, :len(ids[i])] = ids[i]
+    return out
+
+
+def decode_ids(params: Any, model_config: ModelConfig, ids: Sequence[np.ndarray], settings: Settings,
+               *, tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH,
+               progress: Callable[[int], None] | None = None) -> list[np.ndarray]:
+    """Searches every sentence; returns the outputs in the input order.
+
+    Args:
+      params: the model parameters.
+      model_config: the model (decoded deterministically).
+      ids: int32[len_i] source ids, EOS included; each ``len_i + max_extra_len <= model max_len``.
+      settings: the search.
+      tokens_per_batch: the batch budget of :func:`plan_batches`.
+      progress: called with the number of sentences each batch finished.
+
+    Returns:
+      Each output int32[len_i + max_extra_len] in ``decode``'s convention (tokens, then EOS, then PAD),
+      whatever the batch it was decoded in.
+    """
+    if any(len(s) + settings.max_extra_len > model_config.max_len for s in ids):
+        raise ValueError(f"a source longer than model max_len={model_config.max_len} - max_extra_len="
+                         f"{settings.max_extra_len} tokens; check lengths first (translate_texts does)")
+    beams = settings.beam_size
+    outputs: list[np.ndarray | None] = [None] * len(ids)
+    for batch in plan_batches([len(s) for s in ids], beams=beams, max_extra_len=settings.max_extra_len,
+                              tokens_per_batch=tokens_per_batch,
+                              max_src_len=model_config.max_len - settings.max_extra_len):
+        inputs = _padded(ids, batch.indices, batch.rows, batch.src_len)
+        max_len = min(batch.src_len + settings.max_extra_len, model_config.max_len)
+        if beams == 1:
+            tokens = decode.greedy_search(params, model_config, inputs, max_len=max_len,
+                                          max_extra_len=settings.max_extra_len)
+        else:
+            tokens, _ = decode.beam_search(params, model_config, inputs, beam_size=beams,
+                                           alpha=settings.alpha, max_len=max_len,
+                                           max_extra_len=settings.max_extra_len)
+        tokens = np.asarray(tokens)
+        for r, i in enumerate(batch.indices):  # each to its own limit: PAD beyond it in any batch
+            outputs[i] = tokens[r, :len(ids[i]) + settings.max_extra_len]
+        if progress is not None:
+            progress(len(batch.indices))
+    return outputs
+
+
+def source_ids(tokenizer, texts: Sequence[str], *, max_length: int, truncate: bool = False,
+               locations: Sequence[str] | None = None) -> list[np.ndarray]:
+    """int32 token ids of each text (whitespace normalized) with EOS appended.
+
+    A text of more than ``max_length`` tokens (EOS included) is cut to that length when ``truncate``
+    (EOS kept last); otherwise it raises DataError naming it by ``locations[i]`` or its line number.
+    """
+    encoded = tokenizer.encode_batch([normalize_whitespace(t) for t in texts])
+    ids = []
+    for i, pieces in enumerate(encoded):
+        if len(pieces) + 1 > max_length:
+            if not truncate:
+                where = locations[i] if locations is not None else f"line {i + 1}"
+                raise DataError(
+                    f"{where}: {len(pieces) + 1} tokens (EOS included), more than the {max_length} this "
+                    "model can decode; shorten or split the line, pass --truncate to cut it, or decode "
+                    "with a smaller --max_extra_len")
+            pieces = pieces[:max_length - 1]
+        ids.append(np.asarray([*pieces, EOS_ID], np.int32))
+    return ids
+
+
+def translate_texts(params: Any, model_config: ModelConfig, tokenizer, texts: Sequence[str],
+                    settings: Settings, *, truncate: bool = False,
+                    tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH,
+                    locations: Sequence[str] | None = None,
+                    progress: Callable[[int], None] | None = None) -> list[str]:
+    """Detokenized translations of ``texts``, in their order; an empty (or blank) text gives "".
+
+    A text too long for the model raises DataError naming it (see :func:`source_ids`) unless
+    ``truncate``.
+    """
+    keep = [i for i, t in enumerate(texts) if normalize_whitespace(t)]
+    max_length = model_config.max_len - settings.max_extra_len
+    if max_length < 1:
+        raise DataError(f"max_extra_len={settings.max_extra_len} leaves no room for a source in the "
+                        f"model's max_len={model_config.max_len}; pass a smaller --max_extra_len")
+    ids = source_ids(tokenizer, [texts[i] for i in keep], max_length=max_length, truncate=truncate,
+                     locations=[locations[i] if locations else f"line {i + 1}" for i in keep])
+    outputs = decode_ids(params, model_config, ids, settings, tokens_per_batch=tokens_per_batch,
+                         progress=progress)
+    translations = [""] * len(texts)
+    for i, text in zip(keep, tokenizer.decode_batch(outputs), strict=True):
+        translations[i] = text
+    if progress is not None and len(keep) < len(texts):
+        progress(len(texts) - len(keep))
+    return translations
+
+
+def progress_bar(total: int, enabled: bool):
+    """A tqdm bar over ``total`` sentences on stderr (a no-op object when not ``enabled``)."""
+    import tqdm
+
+    return tqdm.tqdm(total=total, unit="sent", file=sys.stderr, disable=not enabled, dynamic_ncols=True,
+                     mininterval=0.5)
+
+
+def read_lines(path: str | None) -> list[str]:
+    """The lines of ``path`` (stdin when None), without their line ends; UTF-8."""
+    if path is None:
+        text = sys.stdin.read()
+    else:
+        if not os.path.isfile(path):
+            raise MissingFileError(f"--input={path}: no such file")
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    lines = text.split("\n")
+    if lines and lines[-1] == "":  # the final line end, not an empty last line
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
+def _check_at_least(flag: str, value, minimum, what: str) -> None:
+    if value is not None and value < minimum:
+        raise ConfigError(f"--{flag}={value}: expected >= {minimum} ({what})")
+
+
+def translate_workdir(workdir: str, *, input_path: str | None = None, output_path: str | None = None,
+                      step: int | None = None, average_last: int = 0, beam_size: int | None = None,
+                      alpha: float | None = None, max_extra_len: int | None = None,
+                      truncate: bool = False, tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH,
+                      show_progress: bool | None = None) -> dict[str, Any]:
+    """Translates the lines of ``input_path`` (or stdin) with a ``train.py`` workdir, into ``output_path``.
+
+    Writes one translation a line, in the input order, to ``output_path`` or stdout.
+
+    Decoding settings left at None take the run config's ``final_beam_size``, ``final_alpha`` and
+    ``final_max_extra_len``. Every flag and the input are checked before the model is restored. The
+    progress bar (stderr) shows by default when the input is a file or redirected.
+
+    Returns:
+      ``num_sentences``, ``decode_seconds`` (search and detokenization, compilation included),
+      ``sentences_per_second`` and ``target_tokens_per_second`` (SentencePiece tokens of the outputs).
+    """
+    from transformer_jax.evaluation import scoring  # scoring decodes through this module
+
+    for flag, value, minimum, what in (
+            ("step", step, 0, "a saved checkpoint step; leave it out for the latest"),
+            ("average_last", average_last, 0, "0 or 1: no averaging; N: the last N checkpoints"),
+            ("beam_size", beam_size, 1, "1 is greedy search"),
+            ("alpha", alpha, 0, "the GNMT length penalty; 0 turns it off"),
+            ("max_extra_len", max_extra_len, 0, "outputs may be input length + this long"),
+            ("tokens_per_batch", tokens_per_batch, 1, "decoder rows x cache positions per batch")):
+        _check_at_least(flag, value, minimum, what)
+    if not os.path.isdir(workdir):
+        raise MissingFileError(f"--workdir={workdir}: no such directory; pass the --workdir of a "
+                               "train.py run")
+    lines = read_lines(input_path)
+    restored = restore_workdir(workdir, step)
+    config = restored.config
+    settings = Settings(
+        beam_size=config.final_beam_size if beam_size is None else beam_size,
+        alpha=config.final_alpha if alpha is None else alpha,
+        max_extra_len=config.final_max_extra_len if max_extra_len is None else max_extra_len)
+    params = scoring.averaged_params(restored, average_last) if average_last > 1 else restored.params
+    name = input_path or "<stdin>"
+    if show_progress is None:
+        show_progress = input_path is not None or not sys.stdin.isatty()
+    start = time.perf_counter()
+    with progress_bar(len(lines), show_progress) as bar:
+        translations = translate_texts(
+            params, restored.model_config, restored.tokenizer, lines, settings, truncate=truncate,
+            tokens_per_batch=tokens_per_batch, locations=[f"{name}:{i + 1}" for i in range(len(lines))],
+            progress=bar.update)
+    seconds = time.perf_counter() - start
+    text = "".join(t + "\n" for t in translations)
+    if output_path is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        with open(output_path, "w", encoding="utf-8") as f:
+            f.write(text)
+    target_tokens = sum(len(ids) for ids in restored.tokenizer.encode_batch(translations))
+    return {"num_sentences": len(lines), "decode_seconds": seconds,
+            "sentences_per_second": len(lines) / seconds, "target_tokens_per_second": target_tokens / seconds,
+            "beam_size": settings.beam_size, "alpha": settings.alpha, "step": restored.step}

@@ -1,0 +1,56 @@
+"""Translates raw text with a trained workdir.
+
+    python -m transformer_jax.translate --workdir=DIR [--average_last=N] [--beam_size=K] < in.txt > out.txt
+
+One sentence a line from stdin (or --input); the detokenized translations, one a line in the input
+order, go to stdout (or --output). An empty line gives an empty line. A line too long for the model is
+an error naming it, unless --truncate. Sentences are sorted by length and batched by a token budget
+internally; a progress bar goes to stderr when the input is a file. The logic is in
+transformer_jax.evaluation.translation; a user error prints two lines and exits 1.
+"""
+
+import json
+import sys
+
+from absl import flags, logging
+
+from transformer_jax.evaluation import translation
+from transformer_jax.runtime import errors
+
+_WORKDIR = flags.DEFINE_string("workdir", "workdir", "A train.py workdir.")
+_INPUT = flags.DEFINE_string("input", None, "Source text, one sentence a line (default: stdin).")
+_OUTPUT = flags.DEFINE_string("output", None, "Where the translations go (default: stdout).")
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest good one).")
+_AVERAGE_LAST = flags.DEFINE_integer(
+    "average_last", 0, "Average the last N checkpoints up to --step; 0 or 1: no averaging.")
+_BEAM_SIZE = flags.DEFINE_integer(
+    "beam_size", None, "Beam size (1 = greedy); default: the run config's final_beam_size.")
+_ALPHA = flags.DEFINE_float(
+    "alpha", None, "GNMT length penalty alpha; default: the run config's final_alpha.")
+_MAX_EXTRA_LEN = flags.DEFINE_integer(
+    "max_extra_len", None,
+    "Max output length = input length + this; default: the run config's final_max_extra_len.")
+_TRUNCATE = flags.DEFINE_bool(
+    "truncate", False, "Cut a line too long for the model to the longest it can take, instead of an error.")
+_TOKENS_PER_BATCH = flags.DEFINE_integer(
+    "tokens_per_batch", translation.DEFAULT_TOKENS_PER_BATCH,
+    "Decoding batch budget: beams x sentences x (padded source length + max_extra_len).")
+_PROGRESS = flags.DEFINE_bool(
+    "progress", None, "Show a progress bar on stderr (default: when the input is a file).")
+_STATS = flags.DEFINE_bool(
+    "stats", False, "Print sentences/s and target tokens/s as one JSON line on stderr.")
+
+
+def main(argv):
+    logging.set_verbosity(logging.WARNING)
+    stats = translation.translate_workdir(
+        _WORKDIR.value, input_path=_INPUT.value, output_path=_OUTPUT.value, step=_STEP.value,
+        average_last=_AVERAGE_LAST.value, beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value,
+        max_extra_len=_MAX_EXTRA_LEN.value, truncate=_TRUNCATE.value,
+        tokens_per_batch=_TOKENS_PER_BATCH.value, show_progress=_PROGRESS.value)
+    if _STATS.value:
+        print(json.dumps(stats), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    errors.run_main(main)
