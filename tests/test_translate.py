@@ -196,10 +196,12 @@ def workdir(tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp("workdir"))
     config = config_with(TINY)
     tokenizer = data_lib.load_or_train_tokenizer(config.data, workdir)
-    model_config = run_config.model_config_from(config, tokenizer.vocab_size)
+    run = run_config.build_run_config(config).with_vocab_size(tokenizer.vocab_size)
+    model_config = run.model
     mesh = sharding.make_mesh((1, 1), jax.devices()[:1])
+    schedule = train_state.schedule_from_config(run.train, model_config.d_model)
     state, _ = train_state.create_train_state(
-        model_config, train_state.make_optimizer(config, model_config.d_model), mesh, (), seed=0)
+        model_config, train_state.make_optimizer(run.train, schedule), mesh, (), seed=0)
     with Checkpointer(restore.checkpoint_dir(workdir), save_every_steps=None,
                       save_every_minutes=None) as ckpt:
         ckpt.save(1, state.replace(step=state.step + 1), data_state={},
@@ -230,7 +232,7 @@ def test_translate_command_reads_stdin_and_writes_translations_in_order(workdir,
     assert stats["num_sentences"] == 4 and stats["sentences_per_second"] > 0
     restored = restore.restore_workdir(workdir)
     expected = translation.translate_texts(restored.params, restored.model_config, restored.tokenizer,
-                                           lines, translation.Settings(2, restored.config.final_alpha, 4))
+                                           lines, translation.Settings(2, restored.run.eval.final_alpha, 4))
     assert out[:4] == expected
     # --input / --output give the same text.
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
@@ -272,7 +274,7 @@ def test_throughput_benchmark_reports_the_translate_path_on_a_file(workdir, tmp_
     assert record["num_sentences"] == 3 and record["beam_size"] == 2
     restored = restore.restore_workdir(workdir)
     outputs = translation.translate_texts(restored.params, restored.model_config, restored.tokenizer,
-                                          lines[:3], translation.Settings(2, restored.config.final_alpha,
-                                                                          restored.config.final_max_extra_len))
+                                          lines[:3], translation.Settings(2, restored.run.eval.final_alpha,
+                                                                          restored.run.eval.final_max_extra_len))
     assert record["target_tokens"] == sum(map(len, restored.tokenizer.encode_batch(outputs)))
     assert record["sentences_per_s"] == pytest.approx(3 / record["median_s"], rel=0.02)

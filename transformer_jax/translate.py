@@ -22,7 +22,8 @@ _INPUT = flags.DEFINE_string("input", None, "Source text, one sentence a line (d
 _OUTPUT = flags.DEFINE_string("output", None, "Where the translations go (default: stdout).")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest good one).")
 _AVERAGE_LAST = flags.DEFINE_integer(
-    "average_last", 0, "Average the last N checkpoints up to --step; 0 or 1: no averaging.")
+    "average_last", None, "Average the last N checkpoints up to --step; 0 or 1: no averaging; default: "
+    "the run config's final_average_last, as its final report and evaluate.py average.")
 _BEAM_SIZE = flags.DEFINE_integer(
     "beam_size", None, "Beam size (1 = greedy); default: the run config's final_beam_size.")
 _ALPHA = flags.DEFINE_float(

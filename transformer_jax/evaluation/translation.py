@@ -229,7 +229,8 @@ def _check_at_least(flag: str, value, minimum, what: str) -> None:
 
 
 def translate_workdir(workdir: str, *, input_path: str | None = None, output_path: str | None = None,
-                      step: int | None = None, average_last: int = 0, beam_size: int | None = None,
+                      step: int | None = None, average_last: int | None = None,
+                      beam_size: int | None = None,
                       alpha: float | None = None, max_extra_len: int | None = None,
                       truncate: bool = False, tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH,
                       show_progress: bool | None = None) -> dict[str, Any]:
@@ -237,9 +238,9 @@ def translate_workdir(workdir: str, *, input_path: str | None = None, output_pat
 
     Writes one translation a line, in the input order, to ``output_path`` or stdout.
 
-    Decoding settings left at None take the run config's ``final_beam_size``, ``final_alpha`` and
-    ``final_max_extra_len``. Every flag and the input are checked before the model is restored. The
-    progress bar (stderr) shows by default when the input is a file or redirected.
+    Settings left at None take the run config's ``final_average_last``, ``final_beam_size``,
+    ``final_alpha`` and ``final_max_extra_len``. Every flag and the input are checked before the model
+    is restored. The progress bar (stderr) shows by default when the input is a file or redirected.
 
     Returns:
       ``num_sentences``, ``decode_seconds`` (search and detokenization, compilation included),
@@ -260,11 +261,13 @@ def translate_workdir(workdir: str, *, input_path: str | None = None, output_pat
                                "train.py run")
     lines = read_lines(input_path)
     restored = restore_workdir(workdir, step)
-    config = restored.config
+    final = restored.run.eval
     settings = Settings(
-        beam_size=config.final_beam_size if beam_size is None else beam_size,
-        alpha=config.final_alpha if alpha is None else alpha,
-        max_extra_len=config.final_max_extra_len if max_extra_len is None else max_extra_len)
+        beam_size=final.final_beam_size if beam_size is None else beam_size,
+        alpha=final.final_alpha if alpha is None else alpha,
+        max_extra_len=final.final_max_extra_len if max_extra_len is None else max_extra_len)
+    if average_last is None:
+        average_last = final.final_average_last
     params = scoring.averaged_params(restored, average_last) if average_last > 1 else restored.params
     name = input_path or "<stdin>"
     if show_progress is None:
@@ -286,4 +289,5 @@ def translate_workdir(workdir: str, *, input_path: str | None = None, output_pat
     target_tokens = sum(len(ids) for ids in restored.tokenizer.encode_batch(translations))
     return {"num_sentences": len(lines), "decode_seconds": seconds,
             "sentences_per_second": len(lines) / seconds, "target_tokens_per_second": target_tokens / seconds,
-            "beam_size": settings.beam_size, "alpha": settings.alpha, "step": restored.step}
+            "beam_size": settings.beam_size, "alpha": settings.alpha, "step": restored.step,
+            "average_last": average_last}
