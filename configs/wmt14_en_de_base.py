@@ -3,7 +3,7 @@
 Every hyperparameter is the paper's (section 5 and Table 3): N=6, d_model=512, d_ff=2048, h=8,
 P_drop=0.1, eps_ls=0.1, Adam(0.9, 0.98, 1e-9), warmup 4000, ~25k source + 25k target tokens per
 step, 100k steps, a shared 37k BPE vocabulary, checkpoints every 10 minutes (the last 5 averaged).
-Needs TFDS wmt14_translate prepared in data.tfds_data_dir (see README, "Data").
+Needs TFDS wmt14_translate prepared in data.tfds_data_dir (see docs/wmt.md).
 """
 
 from configs import default as default_lib

@@ -1,4 +1,4 @@
-"""The paper's big model on WMT 2014 EN->FR (Table 2: 41.8 BLEU, but 41.0 in section 6.1; see README).
+"""The paper's big model on WMT 2014 EN->FR (Table 2: 41.8 BLEU, but 41.0 in section 6.1; docs/wmt.md).
 
 As the EN-DE big config, except: P_drop=0.1 (section 6.1) and a 32k shared vocabulary (section 5.1).
 """
