@@ -1,8 +1,9 @@
 """Every command in README.md and docs/*.md names flags, configs and modules that exist (none is run).
 
 A command is a line of a ```bash block (continued with a trailing backslash; ``&&``, ``;`` and ``|``
-separate commands; ``# ...`` is a comment) that runs ``python``, ``python3`` or ``.venv/bin/python``,
-also inside a quoted argument (``gcloud ... --command="... python train.py ..."``). For each:
+separate commands; ``# ...`` is a comment; ``< file``, ``> file``, ``2>&1`` are redirections) that runs
+``python``, ``python3`` or ``.venv/bin/python``, also inside a quoted argument
+(``gcloud ... --command="... python train.py ..."``). For each:
 
 - ``-m MODULE`` must have an importable spec (a package needs ``MODULE.__main__``); a script must exist.
 - For an entry point of this repository, its absl flags are read by running the script or module in a
@@ -39,6 +40,9 @@ DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FENCES = ("bash", "sh", "shell")
 PYTHON = re.compile(r"^(\S*/)?python(3(\.\d+)?)?$")
 SEPARATORS = {"&&", "||", ";", "|"}
+# A redirection word (``<``, ``>``, ``2>>``, ``&>``) takes the next word as its file; ``2>&1`` stands alone.
+REDIRECT = re.compile(r"^(\d*|&)(<|>|>>)$")
+REDIRECT_FD = re.compile(r"^\d*(<|>)&\d+$")
 CONFIG_FILE = re.compile(r"^(configs/[\w./-]+\.py)(?::(.*))?$")
 # Entry points whose positional argument is one of the keys of a module-level name of theirs.
 POSITIONAL_CHOICES = {"transformer_jax.data.prepare": "DATASETS", "transformer_jax.sweep": "COMMANDS"}
@@ -99,8 +103,14 @@ def strip_comment(line: str) -> str:
 def python_argvs(line: str) -> list[tuple[str, ...]]:
     """The arguments after the interpreter of every python command in one shell line."""
     words = shlex.split(strip_comment(line))  # ValueError on an unbalanced quote
-    found, segment = [], []
+    found, segment, skip = [], [], False
     for word in [*words, ";"]:
+        if skip or REDIRECT_FD.match(word):  # a redirection's file, or a descriptor copy: not an argument
+            skip = False
+            continue
+        if REDIRECT.match(word):
+            skip = True
+            continue
         if word not in SEPARATORS:
             segment.append(word)
             continue
@@ -327,6 +337,7 @@ def test_the_parser_finds_commands_as_the_shell_splits_them():
         '  .venv/bin/python evaluate.py --workdir=gs://b"',
         "python -c \"print('--not-a-flag')\"",
         "python evaluate.py --workdir=a#b  # it's a comment: python nope.py",
+        "python -m transformer_jax.translate --workdir=w < in.en > out.de 2>&1",
         "```",
         "```",
         "python not_bash.py",
@@ -340,6 +351,7 @@ def test_the_parser_finds_commands_as_the_shell_splits_them():
         ("X.md:7", ("evaluate.py", "--workdir=gs://b")),
         ("X.md:9", ("-c", "print('--not-a-flag')")),
         ("X.md:10", ("evaluate.py", "--workdir=a#b")),
+        ("X.md:11", ("-m", "transformer_jax.translate", "--workdir=w")),
     ]
     assert all(command_problems(c.argv) == [] for c in commands)
 

@@ -3,7 +3,7 @@
 ``MODELS`` holds ModelConfig keyword arguments only, and only those that differ from ModelConfig's
 defaults, which ARE the paper's base model (d_model 512, d_ff 2048, 8 heads, 6+6 layers, P_drop 0.1).
 ``vocab_size`` has no default and is always given. A run sets the modes (``dtype``, ``deterministic``)
-itself. The shapes are those of the side-by-side comparison with the Flax WMT example in issue 14.
+itself. The shapes are those of the side-by-side comparison with the Flax WMT example of 2026-11-29.
 
   tiny: d_model 256, d_ff 1024, 4 heads, 3+3 layers, vocab 8000 (the size of configs/multi30k.py).
   base: the paper's base model, vocab 32000.
