@@ -8,7 +8,7 @@ folder and prints the summary. All logic is in transformer_jax.inspect.run_all a
 
 from __future__ import annotations
 
-from absl import flags
+from absl import flags, logging
 
 from transformer_jax.evaluation import paper
 from transformer_jax.inspect import run_all
@@ -57,6 +57,7 @@ for _name in ("d_ks", "lengths"):
 
 
 def main(argv: list[str]) -> None:
+    logging.set_verbosity(logging.WARNING)  # as train.py and evaluate.py: warnings, no orbax info lines
     if not _SENTENCE.value.split():  # before the restore: fail in a second
         raise errors.ConfigError("--sentence is empty; pass the source sentence whose attention maps to draw")
     options = run_all.InspectOptions(
