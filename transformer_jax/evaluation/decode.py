@@ -18,6 +18,10 @@ Scores: the GNMT length penalty ``lp(Y) = ((5 + |Y|) / 6) ** alpha`` (Wu et al.,
 number of output tokens including EOS, and ``score(Y) = log P(Y | X) / lp(Y)``. See
 :func:`length_penalty` for the direction of its effect.
 
+``constraint`` (both searches, optional): an object whose ``wrap(stepper, inputs, limits)`` masks each
+step's logits and carries its own per-row state, e.g. ``tree_constraints.TreeConstraint`` (every output a
+tree over the input's words). Its rows follow beam selection like the cache.
+
 ``use_cache=False`` gives the reference (and benchmark baseline) path: every step reruns the full
 decoder over the prefix, padded to ``max_len``, without a cache; the causal mask makes its logits equal.
 """
@@ -217,11 +221,14 @@ def _length_limits(inputs: Array, max_len: int, max_extra_len: Array | int) -> A
 
 # Only shapes and modes are static; max_extra_len, min_len and alpha are traced, so changing them does
 # not recompile.
-@functools.partial(jax.jit, static_argnames=("model_config", "max_len", "use_cache"))
-def _greedy_search(params, inputs, max_extra_len, min_len, *, model_config, max_len, use_cache):
+@functools.partial(jax.jit, static_argnames=("model_config", "max_len", "use_cache", "constraint"))
+def _greedy_search(params, inputs, max_extra_len, min_len, *, model_config, max_len, use_cache,
+                   constraint=None):
     batch = inputs.shape[0]
     limits = _length_limits(inputs, max_len, max_extra_len)  # [B]
     stepper = _make_stepper(params, model_config, inputs, max_len, use_cache)
+    if constraint is not None:
+        stepper = constraint.wrap(stepper, inputs, limits)
 
     def not_done(carry):
         t, _, _, finished = carry
@@ -244,7 +251,7 @@ def _greedy_search(params, inputs, max_extra_len, min_len, *, model_config, max_
 
 def greedy_search(params: Any, model_config: ModelConfig, inputs: Array, *, max_len: int | None = None,
                   max_extra_len: int = paper.MAX_EXTRA_LEN, min_len: int = 0, use_cache: bool = True,
-                  return_num_steps: bool = False) -> Array | tuple[Array, Array]:
+                  return_num_steps: bool = False, constraint: Any = None) -> Array | tuple[Array, Array]:
     """Greedy decoding: the most likely next token at every step, until EOS or the length limit.
 
     Args:
@@ -257,6 +264,7 @@ def greedy_search(params: Any, model_config: ModelConfig, inputs: Array, *, max_
       min_len: EOS is banned as any of the first ``min_len`` output tokens (for fixed-length benchmarks).
       use_cache: False reruns the full decoder over the prefix every step (the reference path).
       return_num_steps: also return how many decoder steps ran (the loop stops once all have finished).
+      constraint: optional logit mask with its own state (see the module docstring); hashable.
 
     Returns:
       int32[batch, max_len] tokens (then EOS, then PAD; see the module docstring), and with
@@ -266,7 +274,7 @@ def greedy_search(params: Any, model_config: ModelConfig, inputs: Array, *, max_
     max_len = _check_args(model_config, inputs, max_len, max_extra_len, min_len)
     tokens, num_steps = _greedy_search(params, inputs, max_extra_len, min_len,
                                        model_config=_eval_config(model_config), max_len=max_len,
-                                       use_cache=use_cache)
+                                       use_cache=use_cache, constraint=constraint)
     return (tokens, num_steps) if return_num_steps else tokens
 
 
@@ -361,12 +369,16 @@ def _beam_search_done(state: _BeamState, *, alpha: Array, limits: Array) -> Arra
     return (state.t >= limits) | (worst_finished > best_possible)
 
 
-@functools.partial(jax.jit, static_argnames=("model_config", "beam_size", "max_len", "use_cache"))
+@functools.partial(jax.jit, static_argnames=("model_config", "beam_size", "max_len", "use_cache",
+                                             "constraint"))
 def _beam_search(params, inputs, alpha, max_extra_len, min_len, *, model_config, beam_size, max_len,
-                 use_cache):
+                 use_cache, constraint=None):
     batch = inputs.shape[0]
     limits = _length_limits(inputs, max_len, max_extra_len)  # [B]
     stepper = _make_stepper(params, model_config, inputs, max_len, use_cache, beams=beam_size)
+    if constraint is not None:  # row b * beam + k is beam k of example b
+        stepper = constraint.wrap(stepper, jnp.repeat(inputs, beam_size, axis=0),
+                                  jnp.repeat(limits, beam_size))
     empty_seqs = jnp.full((batch, beam_size, max_len), PAD_ID, jnp.int32)
     # Only beam 0 starts alive, so the first step does not pick K copies of the same token.
     alive_logprobs = jnp.where(jnp.arange(beam_size) == 0, 0.0, NEG_INF)[None, :]
@@ -387,7 +399,7 @@ def beam_search(params: Any, model_config: ModelConfig, inputs: Array, *, beam_s
                 alpha: float = paper.LENGTH_PENALTY_ALPHA, max_len: int | None = None,
                 max_extra_len: int = paper.MAX_EXTRA_LEN, min_len: int = 0,
                 use_cache: bool = True, return_all_beams: bool = False,
-                return_num_steps: bool = False) -> tuple[Array, ...]:
+                return_num_steps: bool = False, constraint: Any = None) -> tuple[Array, ...]:
     """Beam search with the GNMT length penalty, as in the paper (beam 4, alpha 0.6).
 
     The Flax WMT example's algorithm: each step extends the ``beam_size`` alive hypotheses by every
@@ -402,7 +414,7 @@ def beam_search(params: Any, model_config: ModelConfig, inputs: Array, *, beam_s
       inputs: int32[batch, src_len] source ids, PAD-padded.
       beam_size: hypotheses kept per example (K).
       alpha: length penalty strength, >= 0; larger favours longer outputs (see :func:`length_penalty`).
-      max_len, max_extra_len, min_len, use_cache, return_num_steps: as in :func:`greedy_search`.
+      max_len, max_extra_len, min_len, use_cache, return_num_steps, constraint: as in :func:`greedy_search`.
       return_all_beams: return every finished beam, best first, instead of the best one.
 
     Returns:
@@ -418,6 +430,6 @@ def beam_search(params: Any, model_config: ModelConfig, inputs: Array, *, beam_s
         raise ValueError(f"alpha must be >= 0 (larger favours longer outputs), got {alpha}")
     seqs, scores, num_steps = _beam_search(
         params, inputs, jnp.float32(alpha), max_extra_len, min_len, model_config=_eval_config(model_config),
-        beam_size=beam_size, max_len=max_len, use_cache=use_cache)
+        beam_size=beam_size, max_len=max_len, use_cache=use_cache, constraint=constraint)
     out = (seqs, scores) if return_all_beams else (seqs[:, 0], scores[:, 0])
     return (*out, num_steps) if return_num_steps else out
