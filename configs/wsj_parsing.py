@@ -1,7 +1,7 @@
 """Table 4: English constituency parsing on the WSJ part of the Penn Treebank (WSJ only: 91.3 F1).
 
     python train.py --config=configs/wsj_parsing.py \
-        --config.data.dir=/path/to/treebank_3/parsed/mrg/wsj --workdir=runs/wsj_parsing
+        --config.data.dir=data/wsj --workdir=runs/wsj_parsing
 
 Section 6.3 of the paper: a 4-layer Transformer with d_model 1024 trained on WSJ sections 02-21
 (about 40k sentences), a 16k vocabulary, beam 21, alpha 0.3, maximum output length = input length
@@ -24,10 +24,14 @@ def get_config():
     config.data.ptb_train_files = "02-21"  # WSJ sections: the standard split (~40k sentences)
     config.data.ptb_dev_files = "22"  # the paper's development set
     config.data.ptb_test_files = "23"  # Table 4 reports F1 on section 23
-    config.data.keep_pos_tags = False  # XX placeholders, as Vinyals & Kaiser et al. (2014)
+    # The words are the target's leaves and decoding copies them, so every tree has exactly the input as
+    # its yield (as configs/ptb_sample.py; docs/parsing.md). tree_leaves="tags" with keep_pos_tags=False
+    # gives the paper's linearization with XX placeholders (Vinyals & Kaiser et al., 2014).
+    config.data.tree_leaves = "words"
+    config.data.keep_pos_tags = False
     config.data.vocab_size = paper.PARSING_VOCAB_WSJ_ONLY  # 16k shared vocabulary (WSJ only)
     config.data.tokenizer_train_examples = 1_000_000  # all of WSJ's train sentences
-    config.data.max_len = 512  # linearized trees: ~2.5 target tokens per word; longer pairs are dropped
+    config.data.max_len = 512  # linearized trees: ~3 target tokens per word; longer pairs are dropped
     config.data.tokens_per_batch = paper.TOKENS_PER_BATCH  # ~25k source + 25k target tokens, as EN-DE base
     config.data.length_buckets = (32, 64, 96, 128, 160, 192, 256, 320, 384, 512)
 

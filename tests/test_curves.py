@@ -46,3 +46,14 @@ def test_cli_writes_a_png(tmp_path):
     assert proc.returncode == 0, proc.stderr
     with open(out, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_other_metrics_such_as_dev_f1(tmp_path):
+    _write_metrics(tmp_path / "run", [{"step": 50, "time": 30.0, "train_loss": 5.0},
+                                      {"step": 750, "time": 150.0, "dev_loss": 2.0, "dev_f1": 41.5}])
+    got = curves.read_curves(str(tmp_path / "run"), ["dev_f1"])
+    assert got == {"dev_f1": [(2.0, 41.5)]}
+    out = tmp_path / "f1.png"
+    assert curves.plot_curves([str(tmp_path / "run")], ["run"], str(out), ["dev_f1"]) == str(out)
+    with open(out, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"

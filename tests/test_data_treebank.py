@@ -81,6 +81,23 @@ def test_ptb_sample_splits():
     assert target.startswith("(S (NP (NP XX XX )NP XX (ADJP (NP XX XX )NP XX )ADJP XX )NP (VP XX")
 
 
+def test_ptb_sample_words_as_leaves_keep_their_source_pieces(tmp_path):
+    """With tree_leaves='words', every train target is its bracket ids and exactly the source's pieces."""
+    if not PTB_SAMPLE.is_dir():
+        pytest.skip(f"{PTB_SAMPLE} is absent")
+    cfg = _ptb_config(PTB_SAMPLE, tree_leaves="words", vocab_size=4000)
+    tokenizer = load_or_train_tokenizer(cfg, str(tmp_path))
+    assert len(tokenizer.bracket_ids) == 52  # 26 labels, opening and closing
+    pairs = get_source(cfg).pairs("train")
+    sources = tokenizer.encode_batch([w for w, _ in pairs])
+    targets = tokenizer.encode_batch([t for _, t in pairs])
+    bracket_of = {token: i for i, token in tokenizer.bracket_ids.items()}
+    for (_, target), src, tgt in zip(pairs, sources, targets, strict=True):
+        assert [i for i in tgt if i not in tokenizer.bracket_ids] == src
+        assert [i for i in tgt if i in tokenizer.bracket_ids] == [
+            bracket_of[t] for t in target.split() if t[0] in "()"]
+
+
 def test_synthetic_trees_go_through_the_tokenizer_and_batches(tmp_path):
     cfg = default_data_config(
         source="synthetic_trees", synthetic_train_size=301, synthetic_dev_size=7, synthetic_test_size=11,

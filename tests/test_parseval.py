@@ -9,12 +9,14 @@ import pytest
 from transformer_jax.data.trees import Tree, linearize, parse_trees
 from transformer_jax.evaluation.evalb import (
     brackets,
+    label_scores,
     parsing_report,
     right_branching_baseline,
     right_branching_tree,
     score_corpus,
     score_outputs,
     score_sentence,
+    yield_differs,
 )
 
 TOL = 1e-9
@@ -171,3 +173,29 @@ def test_parsing_report_puts_the_baseline_beside_the_model():
     report = parsing_report([good], [GOLD])
     assert (report["f1"], report["repaired"], report["scored"]) == (100, 0, 1)
     assert report["right_branching_f1"] == pytest.approx(f1(20.0, 25.0), abs=TOL)
+
+
+def test_yield_differs_before_repair():
+    words = ["The", "dog", "saw", "a", "cat", "."]
+    assert not yield_differs(linearize(GOLD, copy_words=True)[1], words, word_leaves=True)
+    assert yield_differs("(S The dog saw a dog . )S".split(), words, word_leaves=True)  # a wrong word
+    assert yield_differs("(S The dog saw a cat )S".split(), words, word_leaves=True)  # one missing
+    assert not yield_differs(linearize(GOLD)[1], words, word_leaves=False)  # XX: one leaf per word
+    assert yield_differs("(S (NP XX XX )NP XX )S".split(), words, word_leaves=False)
+    report = score_outputs(["(S The dog saw a cat . )S", "(S The dog )S"], [GOLD, GOLD], word_leaves=True)
+    assert report["yield_mismatch"] == 1 and report["repaired"] == 1
+
+
+def test_label_scores_hand_computed():
+    # Test 1 misses the object NP; test 2 has it but labels the VP as an S.
+    # NP: gold 4, test 3, matched 3 -> P 100, R 75. VP: gold 2, test 1, matched 1 -> P 100, R 50.
+    # S: gold 2, test 3 (S[0,5) twice and S[2,5)), matched 2 -> P 66.67, R 100.
+    test1 = t("(S (NP (DT The) (NN dog)) (VP (VBD saw) (DT a) (NN cat)) (. .))")
+    test2 = t("(S (NP (DT The) (NN dog)) (S (VBD saw) (NP (DT a) (NN cat))) (. .))")
+    labels = label_scores([GOLD, GOLD], [test1, test2], top=2)
+    assert list(labels) == ["NP", "S"]  # the 2 most frequent gold labels (NP 4; S and VP 2: by name)
+    assert (labels["NP"]["gold"], labels["NP"]["test"], labels["NP"]["matched"]) == (4, 3, 3)
+    assert labels["NP"]["f1"] == pytest.approx(f1(100.0, 75.0), abs=TOL)
+    assert (labels["S"]["precision"], labels["S"]["recall"]) == pytest.approx((200 / 3, 100.0), abs=TOL)
+    vp = label_scores([GOLD, GOLD], [test1, test2])["VP"]
+    assert (vp["precision"], vp["recall"]) == pytest.approx((100.0, 50.0), abs=TOL)

@@ -112,8 +112,8 @@ def test_beam21_with_input_plus_300_fits_the_cache_budget():
 
 def _report(**overrides):
     return {"f1": 81.234, "precision": 80.0, "recall": 82.5, "exact_match": 20.0, "repaired": 3,
-            "sentences": 245, "scored": 245, "errors": 0, "skipped": 0, "right_branching_f1": 17.5,
-            **overrides}
+            "yield_mismatch": 0, "sentences": 245, "scored": 245, "errors": 0, "skipped": 0,
+            "right_branching_f1": 17.5, **overrides}
 
 
 def test_table4_comparison_sample_is_not_comparable():
@@ -123,10 +123,20 @@ def test_table4_comparison_sample_is_not_comparable():
     assert "| F1 (EVALB, COLLINS.prm) | 81.23 | 91.3 |" in table
     assert "| right-branching baseline F1 | 17.50 |" in table
     assert "| repaired outputs | 3 of 245 |" in table
+    assert "| yield differs from the input | 0 of 245 |" in table
     assert "| sentences scored | 245 | 2,416 |" in table
     assert "Not comparable with 91.3: this model was trained on 3,396 trees" in table
     for row in paper.TABLE4:  # the whole of Table 4 is printed
         assert f"| {row.parser} | {row.training} | {row.wsj23_f1} |" in table
+
+
+def test_table4_comparison_prints_f1_per_label():
+    data = default_data_config(source="ptb", dir="x")
+    labels = {"NP": {"gold": 1200, "test": 1100, "matched": 1000, "precision": 90.909, "recall": 83.333,
+                     "f1": 86.957}}
+    table = parsing.table4_comparison("wsj_parsing", data, "test", _report(labels=labels))
+    assert "F1 per label (the 1 most frequent gold labels):" in table
+    assert "| NP | 1,200 | 1,100 | 1,000 | 90.91 | 83.33 | 86.96 |" in table
 
 
 def test_table4_comparison_wsj_setup_is_comparable():

@@ -15,7 +15,12 @@ from transformer_jax.data.batching import (
     make_train_iterator,
     tokenize_pairs,
 )
-from transformer_jax.data.config import check_tokens_per_batch, default_data_config, validate_data_config
+from transformer_jax.data.config import (
+    check_tokens_per_batch,
+    default_data_config,
+    tree_leaves,
+    validate_data_config,
+)
 from transformer_jax.data.eval_batches import EvalBatch, make_eval_batches
 from transformer_jax.data.sources import (
     Source,
@@ -35,6 +40,7 @@ from transformer_jax.data.tokenizer import Tokenizer, load_or_train_tokenizer
 from transformer_jax.data.treebank import TreebankSource, is_parsing
 
 __all__ = [
+    "tree_leaves",
     "EvalBatch",
     "Source",
     "SyntheticSource",

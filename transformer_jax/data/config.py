@@ -30,6 +30,9 @@ Fields (all read by attribute access):
                             4-digit file numbers ('0001-0159'); comma-separated parts combine
     keep_pos_tags           ptb, synthetic_trees: part-of-speech tags in the target (True) or
                             the placeholder XX (False, as Vinyals et al. and the paper)
+    tree_leaves             ptb, synthetic_trees: 'tags' (the leaves are XX or the tags, see
+                            keep_pos_tags; the paper's linearization) or 'words' (the leaves are
+                            the input words and decoding copies them: see docs/parsing.md)
 
 Optional (defaults apply when absent):
 
@@ -48,6 +51,7 @@ from transformer_jax.runtime.errors import ConfigError
 
 SOURCES = ("synthetic", "text", "tfds", "ptb", "synthetic_trees")
 VOCAB_TYPES = ("bpe", "unigram")
+TREE_LEAVES = ("tags", "words")
 
 # Fields every source needs, and the extra fields each source needs.
 _COMMON_FIELDS = (
@@ -119,6 +123,7 @@ class DataConfig:
     ptb_dev_files: str = "22"
     ptb_test_files: str = "23"
     keep_pos_tags: bool = False
+    tree_leaves: str = "tags"
     character_coverage: float = 1.0
 
     @classmethod
@@ -202,6 +207,9 @@ def validate_data_config(cfg: Any) -> None:
         raise ConfigError(f"data_config.character_coverage must be in [0.9, 1], got {coverage!r}")
     if source in ("ptb", "synthetic_trees") and not isinstance(cfg.keep_pos_tags, bool):
         raise ConfigError(f"data_config.keep_pos_tags must be a bool, got {cfg.keep_pos_tags!r}")
+    if source in ("ptb", "synthetic_trees") and tree_leaves(cfg) not in TREE_LEAVES:
+        raise ConfigError(
+            f"data_config.tree_leaves must be one of {TREE_LEAVES}, got {tree_leaves(cfg)!r}")
     if source == "ptb":
         _validate_ptb(cfg)
     elif source in ("synthetic", "synthetic_trees"):
@@ -218,6 +226,11 @@ def validate_data_config(cfg: Any) -> None:
             raise ConfigError(
                 f"data_config.src_lang and tgt_lang must differ, both are {cfg.src_lang!r}"
             )
+
+
+def tree_leaves(cfg: Any) -> str:
+    """A parsing config's `tree_leaves` ('tags' when the field is absent, as in older configs)."""
+    return getattr(cfg, "tree_leaves", "tags")
 
 
 def _validate_ptb(cfg: Any) -> None:

@@ -10,6 +10,12 @@ on them, and a model file with other ids is refused.
 Text is normalised by our sources (whitespace only) before it reaches SentencePiece, and the
 SentencePiece normaliser is 'identity', so `decode(encode(s)) == s` for any normalised `s` whose
 characters are in the vocabulary.
+
+Parsing with the words as the target's leaves (`data_config.tree_leaves='words'`): every bracket
+token of the training trees (`(NP`, `)NP`, ...) is a SentencePiece user-defined symbol, so it is
+always one id, and target words are cut into exactly the pieces they have in the source (the
+space SentencePiece puts before a symbol is dropped, see `Tokenizer.encode`). `bracket_ids` maps
+those ids to their tokens; constrained decoding (`evaluation/tree_constraints.py`) relies on both.
 """
 
 from __future__ import annotations
@@ -26,8 +32,9 @@ from typing import Any
 import numpy as np
 import sentencepiece as spm
 
-from transformer_jax.data.config import validate_data_config
+from transformer_jax.data.config import tree_leaves, validate_data_config
 from transformer_jax.data.sources import get_source
+from transformer_jax.data.trees import bracket_tokens, is_bracket
 from transformer_jax.model.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from transformer_jax.runtime.errors import ConfigError
 
@@ -51,6 +58,9 @@ class Tokenizer:
       num_threads: threads for `encode_batch` (-1: all cores).
       model_path: the .model file this tokenizer was loaded from (None if from bytes).
       sha256: the hex SHA-256 of the serialized model; checkpoints record it (the ids depend on it).
+      bracket_ids: {id: token} of the user-defined bracket symbols (`(NP`, `)NP`); empty unless the
+        model was trained for parsing with the words as leaves.
+      word_start_ids: frozenset of the ids whose piece begins a word (starts with U+2581).
     """
 
     def __init__(self, model_proto: bytes, *, num_threads: int = -1, model_path: str | None = None):
@@ -65,18 +75,34 @@ class Tokenizer:
         self.sha256 = hashlib.sha256(model_proto).hexdigest()
         self.num_threads = num_threads
         self.model_path = model_path
+        self.bracket_ids = _bracket_ids(model_proto)
+        self.word_start_ids = frozenset(
+            i for i in range(self.vocab_size) if self._sp.id_to_piece(i).startswith(_SPACE))
+        self._space_id = self._sp.piece_to_id(_SPACE)  # the bare word-start piece
+
+    def _drop_bracket_spaces(self, ids: list[int]) -> list[int]:
+        """`ids` without the bare space piece SentencePiece emits before each bracket symbol."""
+        if not self.bracket_ids:
+            return ids
+        return [i for k, i in enumerate(ids)
+                if not (i == self._space_id and k + 1 < len(ids) and ids[k + 1] in self.bracket_ids)]
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, **kwargs: Any) -> Tokenizer:
         return cls(Path(path).read_bytes(), model_path=str(path), **kwargs)
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of `text`, no EOS appended."""
-        return self._sp.encode(text)
+        """Token ids of `text`, no EOS appended.
+
+        With bracket symbols, the space piece before each bracket is dropped, so a target like
+        `(S (NP The dog )NP ... )S` is the bracket ids and exactly the source's word pieces.
+        """
+        return self._drop_bracket_spaces(self._sp.encode(text))
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of each text (no EOS), encoded with `num_threads` threads."""
-        return self._sp.encode(list(texts), num_threads=self.num_threads)
+        encoded = self._sp.encode(list(texts), num_threads=self.num_threads)
+        return [self._drop_bracket_spaces(ids) for ids in encoded] if self.bracket_ids else encoded
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of `ids`: stops at the first EOS, ignores PAD and BOS.
@@ -98,6 +124,29 @@ class Tokenizer:
 
     def id_to_piece(self, i: int) -> str:
         return self._sp.id_to_piece(int(i))
+
+
+_SPACE = "\u2581"  # SentencePiece's word-start mark
+
+
+def _bracket_ids(model_proto: bytes) -> dict[int, str]:
+    """{id: piece} of the model's user-defined symbols that are bracket tokens."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    model = sentencepiece_model_pb2.ModelProto()
+    model.ParseFromString(model_proto)
+    user_defined = sentencepiece_model_pb2.ModelProto.SentencePiece.Type.USER_DEFINED
+    return {i: p.piece for i, p in enumerate(model.pieces)
+            if p.type == user_defined and is_bracket(p.piece)}
+
+
+def _user_symbols(data_config: Any) -> list[str]:
+    """The bracket tokens of the train trees when the target's leaves are the words, else []."""
+    if getattr(data_config, "source", None) not in ("ptb", "synthetic_trees"):
+        return []
+    if tree_leaves(data_config) != "words":
+        return []
+    return bracket_tokens(get_source(data_config).trees("train"))
 
 
 def _training_sentences(data_config: Any) -> Iterable[str]:
@@ -160,8 +209,11 @@ def train_tokenizer(
     vocab_type: str,
     character_coverage: float = CHARACTER_COVERAGE,
     num_threads: int = -1,
+    user_defined_symbols: Sequence[str] = (),
 ) -> bytes:
     """Trains SentencePiece on `sentences` and returns the serialized model.
+
+    `user_defined_symbols` (e.g. bracket tokens) are always one piece each.
 
     Raises:
       ValueError: if `vocab_size` is too large (or too small) for the corpus, suggesting a size.
@@ -184,6 +236,8 @@ def train_tokenizer(
     )
     if num_threads > 0:
         kwargs["num_threads"] = num_threads
+    if user_defined_symbols:
+        kwargs["user_defined_symbols"] = list(user_defined_symbols)
     try:
         spm.SentencePieceTrainer.train(**kwargs)
     except RuntimeError as e:
@@ -249,6 +303,7 @@ def load_or_train_tokenizer(data_config: Any, workdir: str | None) -> Tokenizer:
         vocab_size=data_config.vocab_size,
         vocab_type=data_config.vocab_type,
         character_coverage=getattr(data_config, "character_coverage", CHARACTER_COVERAGE),
+        user_defined_symbols=_user_symbols(data_config),
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"spm.model.tmp{os.getpid()}")

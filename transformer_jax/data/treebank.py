@@ -9,13 +9,15 @@
 paper's WSJ setup is '02-21' / '22' / '23' on LDC's `wsj/NN/wsj_NNNN.mrg` folder. 'synthetic_trees'
 is the seeded PCFG treebank of `pcfg.py` (split sizes and seed from the `synthetic_*` fields).
 `data_config.keep_pos_tags` chooses between `XX` placeholders (default) and real tags in the
-target (see `trees.py`).
+target (see `trees.py`); `data_config.tree_leaves='words'` writes the words themselves as the
+leaves (`(S (NP The dog )NP ... )S`), for decoding that copies them (`evaluation/tree_constraints.py`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from transformer_jax.data.config import tree_leaves
 from transformer_jax.data.pcfg import pcfg_trees
 from transformer_jax.data.trees import Tree, linearize, read_treebank
 
@@ -34,22 +36,24 @@ class TreebankSource:
     Built by `from_config` (or directly with a `load(split) -> list[Tree]` function).
     """
 
-    def __init__(self, load, *, keep_pos: bool = False):
+    def __init__(self, load, *, keep_pos: bool = False, copy_words: bool = False):
         self._load = load
         self.keep_pos = keep_pos
+        self.copy_words = copy_words
         self._trees: dict[str, list[Tree]] = {}
         self._pairs: dict[str, list[tuple[str, str]]] = {}
 
     @classmethod
     def from_config(cls, data_config: Any) -> TreebankSource:
         keep_pos = bool(data_config.keep_pos_tags)
+        kwargs = dict(keep_pos=keep_pos, copy_words=tree_leaves(data_config) == "words")
         if data_config.source == "ptb":
             ranges = {
                 "train": data_config.ptb_train_files,
                 "dev": data_config.ptb_dev_files,
                 "test": data_config.ptb_test_files,
             }
-            return cls(lambda split: read_treebank(data_config.dir, ranges[split]), keep_pos=keep_pos)
+            return cls(lambda split: read_treebank(data_config.dir, ranges[split]), **kwargs)
         if data_config.source == "synthetic_trees":
             sizes = dict(
                 train_size=data_config.synthetic_train_size,
@@ -57,7 +61,7 @@ class TreebankSource:
                 test_size=data_config.synthetic_test_size,
                 seed=data_config.synthetic_seed,
             )
-            return cls(lambda split: pcfg_trees(split, **sizes), keep_pos=keep_pos)
+            return cls(lambda split: pcfg_trees(split, **sizes), **kwargs)
         raise ValueError(
             f"TreebankSource: data_config.source must be one of {PARSING_SOURCES}, got"
             f" {data_config.source!r}"
@@ -76,6 +80,7 @@ class TreebankSource:
         if split not in self._pairs:
             self._pairs[split] = [
                 (" ".join(words), " ".join(tokens))
-                for words, tokens in (linearize(t, keep_pos=self.keep_pos) for t in self.trees(split))
+                for words, tokens in (linearize(t, keep_pos=self.keep_pos, copy_words=self.copy_words)
+                                      for t in self.trees(split))
             ]
         return self._pairs[split]

@@ -169,13 +169,18 @@ def preprocess(tree: Tree) -> Tree | None:
 # ----------------------------------------------------------------------------- linearization
 
 
-def linearize(tree: Tree, *, keep_pos: bool = False) -> tuple[list[str], list[str]]:
-    """(source words, target tokens) of a tree; see the module docstring for the format."""
+def linearize(tree: Tree, *, keep_pos: bool = False,
+              copy_words: bool = False) -> tuple[list[str], list[str]]:
+    """(source words, target tokens) of a tree; see the module docstring for the format.
+
+    `copy_words=True` writes each word itself as its leaf (`(S (NP The dog )NP ... )S`): the
+    target's yield is then the source, which constrained decoding enforces (docs/parsing.md).
+    """
     tokens: list[str] = []
 
     def walk(node: Tree) -> None:
         if node.is_preterminal:
-            tokens.append(node.label if keep_pos else PLACEHOLDER)
+            tokens.append(node.children[0] if copy_words else node.label if keep_pos else PLACEHOLDER)
             return
         tokens.append(f"({node.label}")
         for child in node.children:
@@ -184,6 +189,27 @@ def linearize(tree: Tree, *, keep_pos: bool = False) -> tuple[list[str], list[st
 
     walk(tree)
     return tree.words(), tokens
+
+
+def is_bracket(token: str) -> bool:
+    """Whether a target token is an opening `(NP` or closing `)NP` / `)` bracket (not a leaf)."""
+    return token[:1] in ("(", ")") and (len(token) > 1 or token == ")")
+
+
+def bracket_tokens(trees: Sequence[Tree]) -> list[str]:
+    """The sorted opening and closing bracket tokens of the nonterminals of `trees`."""
+    labels: set[str] = set()
+
+    def walk(node: Tree) -> None:
+        if not node.is_preterminal:
+            labels.add(node.label)
+            for child in node.children:
+                if isinstance(child, Tree):
+                    walk(child)
+
+    for tree in trees:
+        walk(tree)
+    return sorted(f"({label}" for label in labels) + sorted(f"){label}" for label in labels)
 
 
 class Repaired(NamedTuple):

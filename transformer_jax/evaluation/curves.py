@@ -2,6 +2,8 @@
 
     python -m transformer_jax.evaluation.curves --workdirs=runs/m30k,runs/m30k_de_en \
         --out=docs/multi30k_curves.png
+    python -m transformer_jax.evaluation.curves --workdirs=runs/ptb_sample --metrics=dev_f1,dev_loss \
+        --out=docs/parsing_curves.png   # a parsing run's periodic dev F1
 
 Reads each workdir's ``metrics.jsonl`` (written by ``train.py``): rows with ``dev_bleu`` or ``dev_loss``
 are plotted against the minutes since the run's first row, so resumed runs show their real wall time.
@@ -20,8 +22,8 @@ from transformer_jax.runtime.errors import MissingFileError, run_main
 CURVES = ("dev_bleu", "dev_loss")  # the panels, left to right
 
 
-def read_curves(workdir: str) -> dict[str, list[tuple[float, float]]]:
-    """{metric: [(minutes since the first row, value), ...]} for each metric of ``CURVES``.
+def read_curves(workdir: str, metrics: Sequence[str] = CURVES) -> dict[str, list[tuple[float, float]]]:
+    """{metric: [(minutes since the first row, value), ...]} for each of ``metrics``.
 
     Raises:
       MissingFileError: the workdir has no metrics.jsonl.
@@ -32,12 +34,13 @@ def read_curves(workdir: str) -> dict[str, list[tuple[float, float]]]:
     with open(path) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     if not rows:
-        return {name: [] for name in CURVES}
+        return {name: [] for name in metrics}
     start = rows[0]["time"]
-    return {name: [((r["time"] - start) / 60.0, r[name]) for r in rows if name in r] for name in CURVES}
+    return {name: [((r["time"] - start) / 60.0, r[name]) for r in rows if name in r] for name in metrics}
 
 
-def plot_curves(workdirs: Sequence[str], labels: Sequence[str], out: str) -> str:
+def plot_curves(workdirs: Sequence[str], labels: Sequence[str], out: str,
+                metrics: Sequence[str] = CURVES) -> str:
     """Draws every workdir's curves into one PNG at ``out``; returns the path."""
     # matplotlib is heavy and only this plot needs it: imported on use.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -45,14 +48,14 @@ def plot_curves(workdirs: Sequence[str], labels: Sequence[str], out: str) -> str
 
     figure = Figure(figsize=(10, 3.8))
     FigureCanvasAgg(figure)
-    axes = figure.subplots(1, len(CURVES))
+    axes = figure.subplots(1, len(metrics), squeeze=False)[0]
     for workdir, label in zip(workdirs, labels, strict=True):
-        curves = read_curves(workdir)
-        for ax, name in zip(axes, CURVES, strict=True):
+        curves = read_curves(workdir, metrics)
+        for ax, name in zip(axes, metrics, strict=True):
             if curves[name]:
                 minutes, values = zip(*curves[name], strict=True)
                 ax.plot(minutes, values, marker="o", markersize=3, label=label)
-    for ax, name in zip(axes, CURVES, strict=True):
+    for ax, name in zip(axes, metrics, strict=True):
         ax.set_xlabel("wall-clock minutes since the first logged step")
         ax.set_ylabel(name.replace("_", " "))
         ax.grid(alpha=0.3)
@@ -66,6 +69,8 @@ def plot_curves(workdirs: Sequence[str], labels: Sequence[str], out: str) -> str
 _WORKDIRS = flags.DEFINE_list("workdirs", None, "Comma-separated train.py workdirs to plot.", required=True)
 _LABELS = flags.DEFINE_list("labels", None, "One legend label per workdir (default: the workdir names).")
 _OUT = flags.DEFINE_string("out", "curves.png", "Where to write the PNG.")
+_METRICS = flags.DEFINE_list("metrics", list(CURVES), "metrics.jsonl keys to plot, one panel each "
+                             "(e.g. dev_f1,dev_loss for a parsing run).")
 
 
 def main(argv: Sequence[str]) -> None:
@@ -74,7 +79,7 @@ def main(argv: Sequence[str]) -> None:
     labels = _LABELS.value or [os.path.basename(os.path.normpath(w)) for w in _WORKDIRS.value]
     if len(labels) != len(_WORKDIRS.value):
         raise app.UsageError(f"--labels has {len(labels)} entries for {len(_WORKDIRS.value)} workdirs")
-    print(plot_curves(_WORKDIRS.value, labels, _OUT.value))
+    print(plot_curves(_WORKDIRS.value, labels, _OUT.value, _METRICS.value))
 
 
 if __name__ == "__main__":

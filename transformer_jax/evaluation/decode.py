@@ -25,6 +25,10 @@ cache is what every step reads and what beam search reorders, so a cache of ``sr
 for outputs of about ``src_len`` would make each step several times dearer; masked positions weigh
 exactly 0, so the logits do not change (up to the order of float sums).
 
+``constraint`` (both searches, optional): an object whose ``wrap(stepper, inputs, limits)`` masks each
+step's logits and carries its own per-row state, e.g. ``tree_constraints.TreeConstraint`` (every output a
+tree over the input's words). Its rows follow beam selection like the cache.
+
 ``use_cache=False`` gives the reference (and benchmark baseline) path: every step reruns the full
 decoder over the prefix, padded to ``max_len``, without a cache; the causal mask makes its logits equal.
 """
@@ -259,12 +263,15 @@ def _length_limits(inputs: Array, max_len: int, max_extra_len: Array | int) -> A
 
 # Only shapes and modes are static; max_extra_len, min_len and alpha are traced, so changing them does
 # not recompile.
-@functools.partial(jax.jit, static_argnames=("model_config", "max_len", "use_cache", "first_cache_len"))
+@functools.partial(jax.jit, static_argnames=("model_config", "max_len", "use_cache", "first_cache_len",
+                                             "constraint"))
 def _greedy_search(params, inputs, max_extra_len, min_len, *, model_config, max_len, use_cache,
-                   first_cache_len):
+                   first_cache_len, constraint=None):
     batch = inputs.shape[0]
     limits = _length_limits(inputs, max_len, max_extra_len)  # [B]
     stepper = _make_stepper(params, model_config, inputs, max_len, use_cache, cache_len=first_cache_len)
+    if constraint is not None:
+        stepper = constraint.wrap(stepper, inputs, limits)
 
     def not_done(carry):
         t, _, _, finished = carry
@@ -288,8 +295,8 @@ def _greedy_search(params, inputs, max_extra_len, min_len, *, model_config, max_
 
 def greedy_search(params: Any, model_config: ModelConfig, inputs: Array, *, max_len: int | None = None,
                   max_extra_len: int = paper.MAX_EXTRA_LEN, min_len: int = 0, use_cache: bool = True,
-                  return_num_steps: bool = False,
-                  first_cache_len: int | None = None) -> Array | tuple[Array, Array]:
+                  return_num_steps: bool = False, first_cache_len: int | None = None,
+                  constraint: Any = None) -> Array | tuple[Array, Array]:
     """Greedy decoding: the most likely next token at every step, until EOS or the length limit.
 
     Args:
@@ -304,6 +311,7 @@ def greedy_search(params: Any, model_config: ModelConfig, inputs: Array, *, max_
       return_num_steps: also return how many decoder steps ran (the loop stops once all have finished).
       first_cache_len: positions of the first phase's cache (module docstring); default ``src_len +
         FIRST_CACHE_EXTRA``; ``max_len`` or more runs in one phase. Does not change the outputs.
+      constraint: optional logit mask with its own state (see the module docstring); hashable.
 
     Returns:
       int32[batch, max_len] tokens (then EOS, then PAD; see the module docstring), and with
@@ -313,7 +321,8 @@ def greedy_search(params: Any, model_config: ModelConfig, inputs: Array, *, max_
     max_len = _check_args(model_config, inputs, max_len, max_extra_len, min_len)
     tokens, num_steps = _greedy_search(
         params, inputs, max_extra_len, min_len, model_config=_eval_config(model_config), max_len=max_len,
-        use_cache=use_cache, first_cache_len=_first_cache_len(first_cache_len, inputs.shape[1], max_len))
+        use_cache=use_cache, first_cache_len=_first_cache_len(first_cache_len, inputs.shape[1], max_len),
+        constraint=constraint)
     return (tokens, num_steps) if return_num_steps else tokens
 
 
@@ -409,13 +418,16 @@ def _beam_search_done(state: _BeamState, *, alpha: Array, limits: Array) -> Arra
 
 
 @functools.partial(jax.jit, static_argnames=("model_config", "beam_size", "max_len", "use_cache",
-                                             "first_cache_len"))
+                                             "first_cache_len", "constraint"))
 def _beam_search(params, inputs, alpha, max_extra_len, min_len, *, model_config, beam_size, max_len,
-                 use_cache, first_cache_len):
+                 use_cache, first_cache_len, constraint=None):
     batch = inputs.shape[0]
     limits = _length_limits(inputs, max_len, max_extra_len)  # [B]
     stepper = _make_stepper(params, model_config, inputs, max_len, use_cache, beams=beam_size,
                             cache_len=first_cache_len)
+    if constraint is not None:  # row b * beam + k is beam k of example b
+        stepper = constraint.wrap(stepper, jnp.repeat(inputs, beam_size, axis=0),
+                                  jnp.repeat(limits, beam_size))
     empty_seqs = jnp.full((batch, beam_size, max_len), PAD_ID, jnp.int32)
     # Only beam 0 starts alive, so the first step does not pick K copies of the same token.
     alive_logprobs = jnp.where(jnp.arange(beam_size) == 0, 0.0, NEG_INF)[None, :]
@@ -437,7 +449,8 @@ def beam_search(params: Any, model_config: ModelConfig, inputs: Array, *, beam_s
                 alpha: float = paper.LENGTH_PENALTY_ALPHA, max_len: int | None = None,
                 max_extra_len: int = paper.MAX_EXTRA_LEN, min_len: int = 0,
                 use_cache: bool = True, return_all_beams: bool = False,
-                return_num_steps: bool = False, first_cache_len: int | None = None) -> tuple[Array, ...]:
+                return_num_steps: bool = False, first_cache_len: int | None = None,
+                constraint: Any = None) -> tuple[Array, ...]:
     """Beam search with the GNMT length penalty, as in the paper (beam 4, alpha 0.6).
 
     The Flax WMT example's algorithm: each step extends the ``beam_size`` alive hypotheses by every
@@ -452,7 +465,7 @@ def beam_search(params: Any, model_config: ModelConfig, inputs: Array, *, beam_s
       inputs: int32[batch, src_len] source ids, PAD-padded.
       beam_size: hypotheses kept per example (K).
       alpha: length penalty strength, >= 0; larger favours longer outputs (see :func:`length_penalty`).
-      max_len, max_extra_len, min_len, use_cache, return_num_steps, first_cache_len: as in
+      max_len, max_extra_len, min_len, use_cache, return_num_steps, first_cache_len, constraint: as in
         :func:`greedy_search`.
       return_all_beams: return every finished beam, best first, instead of the best one.
 
@@ -470,6 +483,6 @@ def beam_search(params: Any, model_config: ModelConfig, inputs: Array, *, beam_s
     seqs, scores, num_steps = _beam_search(
         params, inputs, jnp.float32(alpha), max_extra_len, min_len, model_config=_eval_config(model_config),
         beam_size=beam_size, max_len=max_len, use_cache=use_cache,
-        first_cache_len=_first_cache_len(first_cache_len, inputs.shape[1], max_len))
+        first_cache_len=_first_cache_len(first_cache_len, inputs.shape[1], max_len), constraint=constraint)
     out = (seqs, scores) if return_all_beams else (seqs[:, 0], scores[:, 0])
     return (*out, num_steps) if return_num_steps else out

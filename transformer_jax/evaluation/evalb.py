@@ -29,7 +29,7 @@ import collections
 import dataclasses
 from collections.abc import Sequence
 
-from transformer_jax.data.trees import PLACEHOLDER, Tree, repair, retag
+from transformer_jax.data.trees import PLACEHOLDER, Tree, is_bracket, repair, retag
 
 PUNCTUATION_TAGS = (",", ":", "``", "''", ".")  # COLLINS.prm DELETE_LABEL, for leaves
 DELETE_LABELS = frozenset(("TOP", "-NONE-") + PUNCTUATION_TAGS)
@@ -147,25 +147,71 @@ def score_corpus(
     }
 
 
-def score_outputs(outputs: Sequence[str], gold_trees: Sequence[Tree]) -> dict:
+def yield_differs(tokens: Sequence[str], words: Sequence[str], *, word_leaves: bool) -> bool:
+    """Whether an output's leaves (its non-bracket tokens) are not the input, before any repair.
+
+    With `word_leaves` the leaves must be the words themselves, in order; with `XX`/tag leaves,
+    which do not spell the words, there must be one leaf per word.
+    """
+    leaves = [token for token in tokens if not is_bracket(token)]
+    return leaves != list(words) if word_leaves else len(leaves) != len(words)
+
+
+def label_scores(gold_trees: Sequence[Tree], predicted_trees: Sequence[Tree], *,
+                 top: int = 8) -> dict[str, dict]:
+    """Precision, recall and F1 (percent) per label, for the `top` labels with most gold brackets.
+
+    Counted as `score_corpus` counts (EVALB's deletions, one-to-one matching, ADVP = PRT) over the
+    sentences whose words match (errors and skipped sentences are left out, as there).
+
+    Returns:
+      {label: {'gold', 'test', 'matched', 'precision', 'recall', 'f1'}}, most frequent first.
+    """
+    gold_n: collections.Counter = collections.Counter()
+    test_n: collections.Counter = collections.Counter()
+    matched_n: collections.Counter = collections.Counter()
+    for gold, test in zip(gold_trees, predicted_trees, strict=True):
+        if score_sentence(gold, test).status != "ok":
+            continue
+        _, gold_spans = brackets(gold)
+        _, test_spans = brackets(test)
+        for counter, spans in ((gold_n, gold_spans), (test_n, test_spans),
+                               (matched_n, gold_spans & test_spans)):
+            for (label, _, _), count in spans.items():
+                counter[label] += count
+    result = {}
+    for label, gold in sorted(gold_n.items(), key=lambda kv: (-kv[1], kv[0]))[:top]:
+        recall, precision = _percent(matched_n[label], gold), _percent(matched_n[label], test_n[label])
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        result[label] = {"gold": gold, "test": test_n[label], "matched": matched_n[label],
+                         "precision": precision, "recall": recall, "f1": f1}
+    return result
+
+
+def score_outputs(outputs: Sequence[str], gold_trees: Sequence[Tree], *,
+                  word_leaves: bool = False) -> dict:
     """`score_corpus` of raw decoder outputs (linearized bracket strings, one per gold tree).
 
     Each output is split on whitespace, repaired over its gold tree's words (`trees.repair`) and
     given the gold part-of-speech tags before scoring, as seq2seq parsers are scored (the target
     has `XX` placeholders; EVALB deletes punctuation by each tree's own tags). Adds `repaired`:
-    how many outputs needed a repair.
+    how many outputs needed a repair; `yield_mismatch`: how many had leaves that are not the
+    input before any repair (`yield_differs`); `labels`: `label_scores` of the 8 most frequent.
     """
     if len(outputs) != len(gold_trees):
         raise ValueError(
             f"score_outputs: {len(outputs)} outputs but {len(gold_trees)} gold trees; they must"
             " be aligned one for one"
         )
-    predicted, num_repaired = [], 0
+    predicted, num_repaired, num_mismatched = [], 0, 0
     for output, gold in zip(outputs, gold_trees, strict=True):
-        tree, was_repaired, _ = repair(output.split(), gold.words())
+        tokens = output.split()
+        num_mismatched += yield_differs(tokens, gold.words(), word_leaves=word_leaves)
+        tree, was_repaired, _ = repair(tokens, gold.words())
         predicted.append(retag(tree, gold.tags()))
         num_repaired += was_repaired
-    return {**score_corpus(gold_trees, predicted), "repaired": num_repaired}
+    return {**score_corpus(gold_trees, predicted), "repaired": num_repaired,
+            "yield_mismatch": num_mismatched, "labels": label_scores(gold_trees, predicted)}
 
 
 def right_branching_tree(
@@ -194,8 +240,11 @@ def right_branching_baseline(
     return score_corpus(gold_trees, predicted, labeled=labeled)
 
 
-def parsing_report(outputs: Sequence[str], gold_trees: Sequence[Tree]) -> dict:
+def parsing_report(outputs: Sequence[str], gold_trees: Sequence[Tree], *,
+                   word_leaves: bool = False) -> dict:
     """What evaluate.py reports for a parsing run: `score_outputs` plus `right_branching_f1`, the
-    labeled F1 of the right-branching baseline on the same sentences, scored the same way."""
+    labeled F1 of the right-branching baseline on the same sentences, scored the same way.
+    `word_leaves`: the outputs' leaves are words (data.tree_leaves='words'), not `XX`/tags."""
     baseline = right_branching_baseline(gold_trees)
-    return {**score_outputs(outputs, gold_trees), "right_branching_f1": baseline["f1"]}
+    return {**score_outputs(outputs, gold_trees, word_leaves=word_leaves),
+            "right_branching_f1": baseline["f1"]}

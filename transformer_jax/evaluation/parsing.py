@@ -3,10 +3,13 @@
 Parsing is translation from words to a linearized tree (``data/trees.py``), so the model, trainer,
 decoder and checkpoints are the translation ones. What differs is here:
 
-- decoding: beam search with the config's ``final_beam_size`` / ``final_alpha`` /
-  ``final_max_extra_len`` (the paper: 21, 0.3, input + 300). Sentences are regrouped by source
-  length and decoded in chunks whose key/value cache fits ``cache_budget_bytes`` (see
-  ``cache_bytes``), so beam 21 with a 300-token allowance does not exhaust memory;
+- decoding: with a tokenizer that has bracket symbols (``data.tree_leaves='words'``), every search
+  is constrained by ``tree_constraints.TreeConstraint`` so each output is a tree over exactly the
+  input words, and the outputs are written with those words as leaves; beam search with the
+  config's ``final_beam_size`` / ``final_alpha`` / ``final_max_extra_len`` (the paper: 21, 0.3,
+  input + 300). Sentences are regrouped by source length and decoded in chunks whose key/value
+  cache fits ``cache_budget_bytes`` (see ``cache_bytes``), so beam 21 with a 300-token
+  allowance does not exhaust memory;
 - scoring: ``evalb.parsing_report`` (EVALB with COLLINS.prm, outputs repaired and counted, the
   right-branching baseline scored the same way) instead of BLEU;
 - the report: this run beside the paper's Table 4 (``paper.TABLE4``), with a plain statement of
@@ -26,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from transformer_jax import data as data_lib
-from transformer_jax.evaluation import decode, evalb, paper
+from transformer_jax.evaluation import decode, evalb, paper, tree_constraints
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import PAD_ID
 
@@ -63,7 +66,8 @@ def chunk_rows(model_config: ModelConfig, beam_size: int, src_len: int, cache_le
 
 def decode_split(params, model_config: ModelConfig, tokenizer, batches, *, beam_size: int,
                  alpha: float, max_extra_len: int,
-                 cache_budget_bytes: int = CACHE_BUDGET_BYTES) -> list[str]:
+                 cache_budget_bytes: int = CACHE_BUDGET_BYTES,
+                 words: Sequence[Sequence[str]] | None = None, constrain: bool = True) -> list[str]:
     """Decoded target strings of every real row of ``batches``, in the split's order.
 
     The eval batches are bucketed by max(source, target) length, so a parsing batch pads its short
@@ -75,7 +79,14 @@ def decode_split(params, model_config: ModelConfig, tokenizer, batches, *, beam_
     Args:
       batches: ``data.EvalBatch`` items; ``indices`` give each row's position in the split.
       beam_size: 1 is greedy search, otherwise beam search with length penalty ``alpha``.
+      words: the words of every sentence of the split (by index). With them and a tokenizer that
+        has bracket symbols, outputs are written with the words as leaves (``tree_constraints.
+        output_tokens``), and with ``constrain`` the search is constrained to trees over them.
     """
+    constraint = tree_constraints.TreeConstraint.from_tokenizer(tokenizer)
+    with_words = constraint is not None and words is not None
+    if not (with_words and constrain):
+        constraint = None
     sources: dict[int, np.ndarray] = {}
     for b in batches:
         for row, index in enumerate(b.indices):
@@ -97,12 +108,17 @@ def decode_split(params, model_config: ModelConfig, tokenizer, batches, *, beam_
                 inputs[row, :len(ids)] = ids
             if beam_size == 1:
                 tokens = decode.greedy_search(params, model_config, inputs, max_len=cache_len,
-                                              max_extra_len=max_extra_len)
+                                              max_extra_len=max_extra_len, constraint=constraint)
             else:
                 tokens, _ = decode.beam_search(params, model_config, inputs, beam_size=beam_size,
                                                alpha=alpha, max_len=cache_len,
-                                               max_extra_len=max_extra_len)
-            texts = tokenizer.decode_batch(np.asarray(tokens)[:len(chunk)])  # [rows, cache_len]
+                                               max_extra_len=max_extra_len, constraint=constraint)
+            tokens = np.asarray(tokens)[:len(chunk)]  # [rows, cache_len]
+            if with_words:
+                texts = [" ".join(tree_constraints.output_tokens(row, tokenizer, sources[i], words[i]))
+                         for row, i in zip(tokens, chunk, strict=True)]
+            else:
+                texts = tokenizer.decode_batch(tokens)
             outputs.update(zip(chunk, texts, strict=True))
         start += len(group)
     return [outputs[i] for i in sorted(outputs)]
@@ -110,19 +126,23 @@ def decode_split(params, model_config: ModelConfig, tokenizer, batches, *, beam_
 
 def score_batches(params, model_config: ModelConfig, tokenizer, data_config, split: str, batches, *,
                   beam_size: int, alpha: float, max_extra_len: int,
-                  cache_budget_bytes: int = CACHE_BUDGET_BYTES) -> dict[str, Any]:
+                  cache_budget_bytes: int = CACHE_BUDGET_BYTES, constrain: bool = True) -> dict[str, Any]:
     """``evalb.parsing_report`` of the decoded ``batches`` of ``split`` against the gold trees.
 
     Returns the report (``f1``, ``precision``, ``recall``, ``exact_match`` in percent; ``scored``,
-    ``errors``, ``skipped``, ``repaired`` counts; ``right_branching_f1``) plus ``outputs`` (decoded
+    ``errors``, ``skipped``, ``repaired``, ``yield_mismatch`` counts; ``right_branching_f1``;
+    ``labels``, F1 per label) plus ``outputs`` (decoded
     strings), ``sources`` and ``gold`` (gold trees as bracket strings), all in split order.
     """
     indices = sorted(int(i) for b in batches for i in b.indices)
     trees = data_lib.get_source(data_config).trees(split)
     gold = [trees[i] for i in indices]
+    copy_words = data_lib.tree_leaves(data_config) == "words"
     outputs = decode_split(params, model_config, tokenizer, batches, beam_size=beam_size, alpha=alpha,
-                           max_extra_len=max_extra_len, cache_budget_bytes=cache_budget_bytes)
-    report = evalb.parsing_report(outputs, gold)
+                           max_extra_len=max_extra_len, cache_budget_bytes=cache_budget_bytes,
+                           words=[t.words() for t in trees] if copy_words else None,
+                           constrain=constrain)
+    report = evalb.parsing_report(outputs, gold, word_leaves=copy_words)
     return {**report, "outputs": outputs, "sources": [" ".join(t.words()) for t in gold],
             "gold": [str(t) for t in gold]}
 
@@ -132,7 +152,8 @@ def dev_scores(params, model_config: ModelConfig, tokenizer, data_config, batche
     """Greedy dev F1 of the training loop's periodic evaluation (on the batches' dev sentences)."""
     report = score_batches(params, model_config, tokenizer, data_config, "dev", batches, beam_size=1,
                            alpha=0.0, max_extra_len=max_extra_len)
-    return {"dev_f1": report["f1"], "dev_repaired": report["repaired"]}
+    return {"dev_f1": report["f1"], "dev_repaired": report["repaired"],
+            "dev_yield_mismatch": report["yield_mismatch"]}
 
 
 def final_report(params, model_config: ModelConfig, tokenizer, data_config, batches, *, split: str,
@@ -153,8 +174,8 @@ def final_report(params, model_config: ModelConfig, tokenizer, data_config, batc
 
 def summary_keys() -> tuple[str, ...]:
     """The numbers a parsing report returns (no per-sentence lists)."""
-    return ("f1", "precision", "recall", "exact_match", "repaired", "scored", "sentences", "errors",
-            "skipped", "right_branching_f1")
+    return ("f1", "precision", "recall", "exact_match", "repaired", "yield_mismatch", "scored",
+            "sentences", "errors", "skipped", "right_branching_f1")
 
 
 def evaluate_restored(restored, params, batches, ppl: dict, *, split: str, average_last: int,
@@ -182,7 +203,8 @@ def evaluate_restored(restored, params, batches, ppl: dict, *, split: str, avera
                "beam_size": beam_size, "alpha": alpha,
                "max_extra_len": max_extra_len, "ppl": ppl["ppl"], "nll": ppl["nll"],
                **{key: report[key] for key in summary_keys()},
-               "num_sentences": report["sentences"], "error_messages": report["error_messages"]}
+               "num_sentences": report["sentences"], "error_messages": report["error_messages"],
+               "labels": report["labels"]}
     os.makedirs(out_dir, exist_ok=True)
     stem = os.path.join(out_dir, f"{split}-{restored.step}")
     with open(stem + ".txt", "w") as f:
@@ -224,6 +246,9 @@ def table4_comparison(config_name: str, data_config, split: str, report: dict,
     rows += [
         ("right-branching baseline F1", _fmt(report.get("right_branching_f1")), _NONE,
          "same sentences, gold tags, scored the same way"),
+        ("yield differs from the input", f"{report.get('yield_mismatch', 0):,} of "
+         f"{report.get('sentences', 0):,}", _NONE, "outputs whose leaves are not the input words, "
+         "before any repair (0 with constrained decoding)"),
         ("repaired outputs", f"{report.get('repaired', 0):,} of {report.get('sentences', 0):,}", _NONE,
          "malformed bracket sequences fixed deterministically before scoring"),
         ("sentences scored", f"{report.get('scored', 0):,}", f"{WSJ23_SENTENCES:,}",
@@ -234,6 +259,12 @@ def table4_comparison(config_name: str, data_config, split: str, report: dict,
     lines = [f"**{config_name}** ({data_config.source}, split {split!r}) vs. the paper's Table 4 "
              "(WSJ section 23 F1)", ""]
     lines += _markdown(("metric", "this run", "paper", "note"), rows)
+    if report.get("labels"):
+        lines += ["", f"F1 per label (the {len(report['labels'])} most frequent gold labels):", ""]
+        lines += _markdown(("label", "gold", "test", "matched", "P", "R", "F1"),
+                           [(label, f"{c['gold']:,}", f"{c['test']:,}", f"{c['matched']:,}",
+                             _fmt(c["precision"]), _fmt(c["recall"]), _fmt(c["f1"]))
+                            for label, c in report["labels"].items()])
     lines += ["", "The paper's Table 4:", ""]
     lines += _markdown(("parser", "training", "WSJ 23 F1"),
                        [(row.parser, row.training, f"{row.wsj23_f1}") for row in paper.TABLE4])
@@ -256,6 +287,7 @@ def _fmt(value: Any) -> str:
 
 
 def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    align = ["---"] + ["---:" if h in ("this run", "paper", "WSJ 23 F1") else "---" for h in header[1:]]
+    numeric = ("this run", "paper", "WSJ 23 F1", "gold", "test", "matched", "P", "R", "F1")
+    align = ["---"] + ["---:" if h in numeric else "---" for h in header[1:]]
     return (["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
             + ["| " + " | ".join(row) + " |" for row in rows])
