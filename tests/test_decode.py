@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax.evaluation import decode
+from transformer_jax.evaluation import decode, kv_cache
 from transformer_jax.evaluation.decode import NEG_INF
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.model.config import ModelConfig
@@ -96,9 +96,9 @@ def test_cached_steps_match_the_full_causal_forward(tiny):
     inputs = _sources(2)
     targets = jnp.asarray(np.random.default_rng(3).integers(4, VOCAB, size=(BATCH, 9)), jnp.int32)
     full = Transformer(cfg.replace(deterministic=True)).apply({"params": params}, inputs, targets)
-    encoded = decode.encode(params, cfg, inputs)
-    cache = decode.init_cache(cfg, params, encoded, inputs, cache_len=11)  # longer than needed
-    step = jax.jit(lambda c, tok: decode.decode_step(params, cfg, c, encoded, inputs, tok))
+    encoded = kv_cache.encode(params, cfg, inputs)
+    cache = kv_cache.init_cache(cfg, params, encoded, inputs, cache_len=11)  # longer than needed
+    step = jax.jit(lambda c, tok: kv_cache.decode_step(params, cfg, c, encoded, inputs, tok))
     decoder_inputs = model_lib.shift_right(targets)
     steps = []
     for t in range(targets.shape[1]):
@@ -158,8 +158,8 @@ def test_a_cache_grown_midway_gives_the_one_phase_outputs(tiny, first):
 def test_grow_cache_pads_only_the_self_attention_buffers(tiny):
     cfg, params = tiny
     inputs = _sources(7)
-    cache = decode.init_cache(cfg, params, decode.encode(params, cfg, inputs), inputs, cache_len=3)
-    grown = decode.grow_cache(cache, 8)
+    cache = kv_cache.init_cache(cfg, params, kv_cache.encode(params, cfg, inputs), inputs, cache_len=3)
+    grown = kv_cache.grow_cache(cache, 8)
     for (path, old), new in zip(jax.tree_util.tree_flatten_with_path(cache)[0], jax.tree.leaves(grown),
                                 strict=True):
         if path[-1].key in ("cached_key", "cached_value"):

@@ -41,22 +41,13 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.evaluation import paper
+from transformer_jax.evaluation import kv_cache, paper
 from transformer_jax.model.config import ModelConfig
-from transformer_jax.model.special_ids import BOS_ID, EOS_ID, PAD_ID
-from transformer_jax.model.transformer import Transformer, shift_right
+from transformer_jax.model.special_ids import EOS_ID, PAD_ID
 
 Array = jax.Array
 NEG_INF = -1.0e7  # log(0) stand-in: finite, so sums, divisions and comparisons never make NaN
 _INVALID = 0.5 * NEG_INF  # log probabilities below this belong to impossible hypotheses
-
-# Cache leaves that beams of one example share: the encoder keys/values of cross-attention.
-_SHARED_CACHE_LEAVES = ("encoded_key", "encoded_value")
-# The self-attention buffers, [batch, cache_len, heads, d_k|d_v].
-_SELF_CACHE_LEAVES = ("cached_key", "cached_value")
-# The first phase's cache holds the source length plus this many positions (see the module docstring).
-FIRST_CACHE_EXTRA = 16
-
 
 def length_penalty(length: Array | int, alpha: Array | float) -> Array:
     """GNMT length penalty lp(|Y|) = ((5 + |Y|) / 6) ** alpha; beam scores are log P(Y) / lp(|Y|).
@@ -82,161 +73,6 @@ def sequence_lengths(tokens: Array) -> Array:
       tokens: int[batch, max_len] in this module's output convention.
     """
     return jnp.sum(tokens != PAD_ID, axis=-1).astype(jnp.int32)
-
-
-# --------------------------------------------------------------------------------------------------
-# The model in decode mode: encoder, cache creation and one cached step.
-
-
-def _eval_config(model_config: ModelConfig) -> ModelConfig:
-    return model_config.replace(decode=False, deterministic=True)
-
-
-def encode(params: Any, model_config: ModelConfig, inputs: Array) -> Array:
-    """int32[batch, src_len] source ids -> float[batch, src_len, d_model] encoder output (no dropout)."""
-    return Transformer(_eval_config(model_config)).apply(
-        {"params": params}, inputs, method=Transformer.encode)
-
-
-def init_cache(model_config: ModelConfig, params: Any, encoded: Array, inputs: Array,
-               cache_len: int) -> Any:
-    """Creates the decode cache: empty self-attention buffers and the projected encoder keys/values.
-
-    Runs the model's first decode-mode call, which only builds the cache (its logits are discarded).
-
-    Args:
-      model_config: any mode; decode mode with ``decode_cache_len=cache_len`` is derived from it.
-      params: the model parameters.
-      encoded: float[batch, src_len, d_model] encoder output.
-      inputs: int32[batch, src_len] source ids.
-      cache_len: positions the self-attention cache holds (the longest output).
-
-    Returns:
-      The "cache" collection: self-attention keys/values [batch, cache_len, heads, d_k|d_v] (zeros),
-      cross-attention keys/values [batch, src_len, heads, d_k|d_v] and scalar int32 indices (0).
-    """
-    cfg = model_config.replace(decode=True, decode_cache_len=cache_len, deterministic=True)
-    start = jnp.full((inputs.shape[0], 1), BOS_ID, jnp.int32)  # [B, 1]
-    _, state = Transformer(cfg).apply({"params": params}, encoded, inputs, start,
-                                      method=Transformer.decode, mutable=["cache"])
-    return state["cache"]
-
-
-def _cache_len(cache: Any) -> int:
-    for path, leaf in jax.tree_util.tree_flatten_with_path(cache)[0]:
-        if getattr(path[-1], "key", None) == "cached_key":
-            return leaf.shape[1]  # [batch, cache_len, heads, d_k]
-    raise ValueError("the cache holds no 'cached_key' leaf; build it with init_cache")
-
-
-def grow_cache(cache: Any, cache_len: int) -> Any:
-    """The cache with its self-attention buffers zero-padded to ``cache_len`` positions (indices kept)."""
-    def pad(path, x):
-        if getattr(path[-1], "key", None) not in _SELF_CACHE_LEAVES:
-            return x
-        return jnp.pad(x, [(0, 0), (0, cache_len - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
-    return jax.tree_util.tree_map_with_path(pad, cache)
-
-
-def _first_cache_len(first_cache_len: int | None, src_len: int, max_len: int) -> int:
-    if first_cache_len is None:
-        first_cache_len = src_len + FIRST_CACHE_EXTRA
-    if first_cache_len < 1:
-        raise ValueError(f"first_cache_len must be >= 1, got {first_cache_len}")
-    return min(int(first_cache_len), max_len)
-
-
-def _run_in_phases(cond, body, carry, *, first: int, max_len: int, model_state_index: int):
-    """``while_loop(cond, body, carry)``, first with the cache as built (``first`` positions) while
-    ``t < first``, then with it grown to ``max_len``. ``carry[0]`` is t; ``carry[model_state_index]``
-    is the cache (or () uncached, which runs in one phase)."""
-    if first >= max_len or not jax.tree.leaves(carry[model_state_index]):
-        return jax.lax.while_loop(cond, body, carry)
-    carry = jax.lax.while_loop(lambda c: cond(c) & (c[0] < first), body, carry)
-    items = list(carry)
-    items[model_state_index] = grow_cache(items[model_state_index], max_len)
-    carry = type(carry)(*items) if hasattr(carry, "_fields") else tuple(items)
-    return jax.lax.while_loop(cond, body, carry)
-
-
-def decode_step(params: Any, model_config: ModelConfig, cache: Any, encoded: Array, inputs: Array,
-                tokens: Array) -> tuple[Array, Any]:
-    """One cached decoder step: logits for the next token after ``tokens``.
-
-    Args:
-      params: the model parameters.
-      model_config: any mode; the decode mode is derived from it and the cache.
-      cache: from :func:`init_cache` or an earlier step.
-      encoded: float[batch, src_len, d_model] (only its shape matters once the cache exists).
-      inputs: int32[batch, src_len] source ids (for the source padding mask).
-      tokens: int32[batch] the previous output token (BOS at the first step).
-
-    Returns:
-      float32[batch, vocab] logits and the advanced cache.
-    """
-    cfg = model_config.replace(decode=True, decode_cache_len=_cache_len(cache), deterministic=True)
-    logits, state = Transformer(cfg).apply({"params": params, "cache": cache}, encoded, inputs,
-                                           tokens[:, None], method=Transformer.decode, mutable=["cache"])
-    return logits[:, 0], state["cache"]
-
-
-def _full_step(params: Any, model_config: ModelConfig, encoded: Array, inputs: Array, seqs: Array,
-               t: Array) -> Array:
-    """Uncached step: the full decoder over shift_right(seqs); float32[n, vocab] logits at position t.
-
-    ``seqs`` is int32[n, max_len] with the t tokens output so far and PAD after them; the causal mask
-    keeps the PAD positions out of position t.
-    """
-    logits = Transformer(_eval_config(model_config)).apply(
-        {"params": params}, encoded, inputs, shift_right(seqs), method=Transformer.decode)  # [n, T, V]
-    return jax.lax.dynamic_index_in_dim(logits, t, axis=1, keepdims=False)
-
-
-class _Stepper(NamedTuple):
-    """A next-token function over n = batch * beams rows, cached or not.
-
-    ``step(state, seqs int32[n, max_len], t) -> (float32[n, vocab] logits, state)``: ``seqs`` holds the
-    tokens output before position t. ``state`` is the cache (or ``()`` uncached); ``reorder(state,
-    rows int32[n])`` makes row i continue from row ``rows[i]`` (beam selection).
-    """
-
-    state: Any
-    step: Any
-    reorder: Any
-
-
-def _make_stepper(params: Any, model_config: ModelConfig, inputs: Array, max_len: int,
-                  use_cache: bool, beams: int = 1, cache_len: int | None = None) -> _Stepper:
-    """Encodes ``inputs`` int32[batch, src_len] once and returns a stepper over batch * beams rows.
-
-    Row ``b * beams + k`` is beam k of example b. The cache starts with ``cache_len`` (default
-    ``max_len``) positions; ``grow_cache`` lengthens it, and the step follows its shape.
-    """
-    encoded = encode(params, model_config, inputs)  # [B, S, D]
-    if not use_cache:
-        encoded, inputs = (jnp.repeat(x, beams, axis=0) for x in (encoded, inputs))  # [B*K, ...]
-        step = lambda state, seqs, t: (_full_step(params, model_config, encoded, inputs, seqs, t), state)
-        return _Stepper((), step, lambda state, rows: state)
-
-    # Project the encoder keys/values once per example, then copy the cache to every beam.
-    cache = init_cache(model_config, params, encoded, inputs, cache_len or max_len)
-    cache = jax.tree.map(lambda x: jnp.repeat(x, beams, axis=0) if x.ndim else x, cache)
-    encoded, inputs = (jnp.repeat(x, beams, axis=0) for x in (encoded, inputs))  # [B*K, ...]
-
-    def step(cache, seqs, t):
-        previous = jax.lax.dynamic_index_in_dim(seqs, jnp.maximum(t - 1, 0), axis=1, keepdims=False)
-        previous = jnp.where(t == 0, BOS_ID, previous)  # [n]
-        return decode_step(params, model_config, cache, encoded, inputs, previous)
-
-    def reorder(cache, rows):
-        def take(path, x):
-            # Scalar indices are shared; so are the encoder keys/values (rows stay within an example).
-            if x.ndim == 0 or getattr(path[-1], "key", None) in _SHARED_CACHE_LEAVES:
-                return x
-            return jnp.take(x, rows, axis=0, mode="clip")
-        return jax.tree_util.tree_map_with_path(take, cache)
-
-    return _Stepper(cache, step, reorder)
 
 
 def _ban_tokens(scores: Array, t: Array, min_len: Array | int) -> Array:
@@ -269,7 +105,8 @@ def _greedy_search(params, inputs, max_extra_len, min_len, *, model_config, max_
                    first_cache_len, constraint=None):
     batch = inputs.shape[0]
     limits = _length_limits(inputs, max_len, max_extra_len)  # [B]
-    stepper = _make_stepper(params, model_config, inputs, max_len, use_cache, cache_len=first_cache_len)
+    stepper = kv_cache.make_stepper(params, model_config, inputs, max_len, use_cache,
+                                    cache_len=first_cache_len)
     if constraint is not None:
         stepper = constraint.wrap(stepper, inputs, limits)
 
@@ -288,8 +125,8 @@ def _greedy_search(params, inputs, max_extra_len, min_len, *, model_config, max_
 
     carry = (jnp.zeros((), jnp.int32), jnp.full((batch, max_len), PAD_ID, jnp.int32), stepper.state,
              jnp.zeros((batch,), bool))
-    num_steps, tokens, _, _ = _run_in_phases(not_done, body, carry, first=first_cache_len, max_len=max_len,
-                                             model_state_index=2)
+    num_steps, tokens, _, _ = kv_cache.run_in_phases(not_done, body, carry, first=first_cache_len,
+                                                     max_len=max_len, model_state_index=2)
     return tokens, num_steps
 
 
@@ -310,7 +147,7 @@ def greedy_search(params: Any, model_config: ModelConfig, inputs: Array, *, max_
       use_cache: False reruns the full decoder over the prefix every step (the reference path).
       return_num_steps: also return how many decoder steps ran (the loop stops once all have finished).
       first_cache_len: positions of the first phase's cache (module docstring); default ``src_len +
-        FIRST_CACHE_EXTRA``; ``max_len`` or more runs in one phase. Does not change the outputs.
+        kv_cache.FIRST_CACHE_EXTRA``; ``max_len`` or more runs in one phase. Does not change the outputs.
       constraint: optional logit mask with its own state (see the module docstring); hashable.
 
     Returns:
@@ -320,9 +157,9 @@ def greedy_search(params: Any, model_config: ModelConfig, inputs: Array, *, max_
     inputs = jnp.asarray(inputs, jnp.int32)
     max_len = _check_args(model_config, inputs, max_len, max_extra_len, min_len)
     tokens, num_steps = _greedy_search(
-        params, inputs, max_extra_len, min_len, model_config=_eval_config(model_config), max_len=max_len,
-        use_cache=use_cache, first_cache_len=_first_cache_len(first_cache_len, inputs.shape[1], max_len),
-        constraint=constraint)
+        params, inputs, max_extra_len, min_len, model_config=kv_cache.eval_config(model_config),
+        max_len=max_len, use_cache=use_cache, constraint=constraint,
+        first_cache_len=kv_cache.first_cache_len_for(first_cache_len, inputs.shape[1], max_len))
     return (tokens, num_steps) if return_num_steps else tokens
 
 
@@ -369,7 +206,7 @@ def _top(values: Array, k: int, *arrays: Array) -> tuple[Array, ...]:
     return (top_values, *gathered)
 
 
-def _beam_step(state: _BeamState, stepper: _Stepper, *, beam_size: int, alpha: Array, min_len: Array,
+def _beam_step(state: _BeamState, stepper: kv_cache.Stepper, *, beam_size: int, alpha: Array, min_len: Array,
                limits: Array) -> _BeamState:
     """Extends every alive beam by every token, then keeps the best ``beam_size`` alive and finished."""
     batch, _, max_len = state.alive_seqs.shape
@@ -423,7 +260,7 @@ def _beam_search(params, inputs, alpha, max_extra_len, min_len, *, model_config,
                  use_cache, first_cache_len, constraint=None):
     batch = inputs.shape[0]
     limits = _length_limits(inputs, max_len, max_extra_len)  # [B]
-    stepper = _make_stepper(params, model_config, inputs, max_len, use_cache, beams=beam_size,
+    stepper = kv_cache.make_stepper(params, model_config, inputs, max_len, use_cache, beams=beam_size,
                             cache_len=first_cache_len)
     if constraint is not None:  # row b * beam + k is beam k of example b
         stepper = constraint.wrap(stepper, jnp.repeat(inputs, beam_size, axis=0),
@@ -439,7 +276,7 @@ def _beam_search(params, inputs, alpha, max_extra_len, min_len, *, model_config,
     step = functools.partial(_beam_step, stepper=stepper, beam_size=beam_size, alpha=alpha,
                              min_len=min_len, limits=limits)
     not_done = lambda s: (s.t < max_len) & ~jnp.all(_beam_search_done(s, alpha=alpha, limits=limits))
-    state = _run_in_phases(not_done, step, state, first=first_cache_len, max_len=max_len,
+    state = kv_cache.run_in_phases(not_done, step, state, first=first_cache_len, max_len=max_len,
                            model_state_index=_BeamState._fields.index("model_state"))
     # Every example finishes by its limit (<= max_len), where all of its candidates end.
     return state.finished_seqs, state.finished_scores, state.t
@@ -481,8 +318,9 @@ def beam_search(params: Any, model_config: ModelConfig, inputs: Array, *, beam_s
     if alpha < 0:
         raise ValueError(f"alpha must be >= 0 (larger favours longer outputs), got {alpha}")
     seqs, scores, num_steps = _beam_search(
-        params, inputs, jnp.float32(alpha), max_extra_len, min_len, model_config=_eval_config(model_config),
-        beam_size=beam_size, max_len=max_len, use_cache=use_cache,
-        first_cache_len=_first_cache_len(first_cache_len, inputs.shape[1], max_len), constraint=constraint)
+        params, inputs, jnp.float32(alpha), max_extra_len, min_len,
+        model_config=kv_cache.eval_config(model_config), beam_size=beam_size, max_len=max_len,
+        use_cache=use_cache, constraint=constraint,
+        first_cache_len=kv_cache.first_cache_len_for(first_cache_len, inputs.shape[1], max_len))
     out = (seqs, scores) if return_all_beams else (seqs[:, 0], scores[:, 0])
     return (*out, num_steps) if return_num_steps else out

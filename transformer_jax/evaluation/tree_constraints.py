@@ -199,7 +199,7 @@ class TreeConstraint:
         return jnp.where((vocab == next_piece[:, None]) & can_copy[:, None], copy[:, None], scores)
 
     def wrap(self, stepper: Any, inputs: Array, limits: Array) -> Any:
-        """`decode._Stepper` whose logits are replaced by `scores` (NEG_INF where not allowed).
+        """`kv_cache.Stepper` whose logits are replaced by `scores` (NEG_INF where not allowed).
 
         Args:
           stepper: the search's next-token function over n rows (state, step, reorder).

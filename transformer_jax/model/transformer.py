@@ -123,7 +123,7 @@ class MultiHeadAttention(nn.Module):
     [h, d_v, d_model]. In decode mode (``config.decode``) the module keeps a "cache" collection:
       * ``kind="self"`` (decoder self-attention): keys and values of earlier steps, one new position a call;
       * ``kind="cross"`` (encoder-decoder attention): the projected encoder keys and values, computed once.
-    The first decode-mode call only creates the cache (see ``decode.init_cache``).
+    The first decode-mode call only creates the cache (see ``evaluation.kv_cache.init_cache``).
     """
 
     config: ModelConfig

@@ -1,0 +1,179 @@
+"""The model in decode mode: the encoder, the key/value cache and one cached decoder step.
+
+``decode.py``'s searches run on a ``Stepper``: a next-token function over n = batch * beams rows, with
+its state (the cache) and the beam reorder. The self-attention cache grows in two phases
+(``run_in_phases``): first ``first_cache_len`` positions, then, only if some output is still going, padded
+to ``max_len``; masked positions weigh exactly 0, so the logits do not change.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.special_ids import BOS_ID
+from transformer_jax.model.transformer import Transformer, shift_right
+
+Array = jax.Array
+
+# Cache leaves that beams of one example share: the encoder keys/values of cross-attention.
+_SHARED_CACHE_LEAVES = ("encoded_key", "encoded_value")
+# The self-attention buffers, [batch, cache_len, heads, d_k|d_v].
+_SELF_CACHE_LEAVES = ("cached_key", "cached_value")
+# The first phase's cache holds the source length plus this many positions (see the module docstring).
+FIRST_CACHE_EXTRA = 16
+
+
+
+def eval_config(model_config: ModelConfig) -> ModelConfig:
+    return model_config.replace(decode=False, deterministic=True)
+
+
+def encode(params: Any, model_config: ModelConfig, inputs: Array) -> Array:
+    """int32[batch, src_len] source ids -> float[batch, src_len, d_model] encoder output (no dropout)."""
+    return Transformer(eval_config(model_config)).apply(
+        {"params": params}, inputs, method=Transformer.encode)
+
+
+def init_cache(model_config: ModelConfig, params: Any, encoded: Array, inputs: Array,
+               cache_len: int) -> Any:
+    """Creates the decode cache: empty self-attention buffers and the projected encoder keys/values.
+
+    Runs the model's first decode-mode call, which only builds the cache (its logits are discarded).
+
+    Args:
+      model_config: any mode; decode mode with ``decode_cache_len=cache_len`` is derived from it.
+      params: the model parameters.
+      encoded: float[batch, src_len, d_model] encoder output.
+      inputs: int32[batch, src_len] source ids.
+      cache_len: positions the self-attention cache holds (the longest output).
+
+    Returns:
+      The "cache" collection: self-attention keys/values [batch, cache_len, heads, d_k|d_v] (zeros),
+      cross-attention keys/values [batch, src_len, heads, d_k|d_v] and scalar int32 indices (0).
+    """
+    cfg = model_config.replace(decode=True, decode_cache_len=cache_len, deterministic=True)
+    start = jnp.full((inputs.shape[0], 1), BOS_ID, jnp.int32)  # [B, 1]
+    _, state = Transformer(cfg).apply({"params": params}, encoded, inputs, start,
+                                      method=Transformer.decode, mutable=["cache"])
+    return state["cache"]
+
+
+def _cache_len(cache: Any) -> int:
+    for path, leaf in jax.tree_util.tree_flatten_with_path(cache)[0]:
+        if getattr(path[-1], "key", None) == "cached_key":
+            return leaf.shape[1]  # [batch, cache_len, heads, d_k]
+    raise ValueError("the cache holds no 'cached_key' leaf; build it with init_cache")
+
+
+def grow_cache(cache: Any, cache_len: int) -> Any:
+    """The cache with its self-attention buffers zero-padded to ``cache_len`` positions (indices kept)."""
+    def pad(path, x):
+        if getattr(path[-1], "key", None) not in _SELF_CACHE_LEAVES:
+            return x
+        return jnp.pad(x, [(0, 0), (0, cache_len - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
+    return jax.tree_util.tree_map_with_path(pad, cache)
+
+
+def first_cache_len_for(first_cache_len: int | None, src_len: int, max_len: int) -> int:
+    if first_cache_len is None:
+        first_cache_len = src_len + FIRST_CACHE_EXTRA
+    if first_cache_len < 1:
+        raise ValueError(f"first_cache_len must be >= 1, got {first_cache_len}")
+    return min(int(first_cache_len), max_len)
+
+
+def run_in_phases(cond, body, carry, *, first: int, max_len: int, model_state_index: int):
+    """``while_loop(cond, body, carry)``, first with the cache as built (``first`` positions) while
+    ``t < first``, then with it grown to ``max_len``. ``carry[0]`` is t; ``carry[model_state_index]``
+    is the cache (or () uncached, which runs in one phase)."""
+    if first >= max_len or not jax.tree.leaves(carry[model_state_index]):
+        return jax.lax.while_loop(cond, body, carry)
+    carry = jax.lax.while_loop(lambda c: cond(c) & (c[0] < first), body, carry)
+    items = list(carry)
+    items[model_state_index] = grow_cache(items[model_state_index], max_len)
+    carry = type(carry)(*items) if hasattr(carry, "_fields") else tuple(items)
+    return jax.lax.while_loop(cond, body, carry)
+
+
+def decode_step(params: Any, model_config: ModelConfig, cache: Any, encoded: Array, inputs: Array,
+                tokens: Array) -> tuple[Array, Any]:
+    """One cached decoder step: logits for the next token after ``tokens``.
+
+    Args:
+      params: the model parameters.
+      model_config: any mode; the decode mode is derived from it and the cache.
+      cache: from :func:`init_cache` or an earlier step.
+      encoded: float[batch, src_len, d_model] (only its shape matters once the cache exists).
+      inputs: int32[batch, src_len] source ids (for the source padding mask).
+      tokens: int32[batch] the previous output token (BOS at the first step).
+
+    Returns:
+      float32[batch, vocab] logits and the advanced cache.
+    """
+    cfg = model_config.replace(decode=True, decode_cache_len=_cache_len(cache), deterministic=True)
+    logits, state = Transformer(cfg).apply({"params": params, "cache": cache}, encoded, inputs,
+                                           tokens[:, None], method=Transformer.decode, mutable=["cache"])
+    return logits[:, 0], state["cache"]
+
+
+def _full_step(params: Any, model_config: ModelConfig, encoded: Array, inputs: Array, seqs: Array,
+               t: Array) -> Array:
+    """Uncached step: the full decoder over shift_right(seqs); float32[n, vocab] logits at position t.
+
+    ``seqs`` is int32[n, max_len] with the t tokens output so far and PAD after them; the causal mask
+    keeps the PAD positions out of position t.
+    """
+    logits = Transformer(eval_config(model_config)).apply(
+        {"params": params}, encoded, inputs, shift_right(seqs), method=Transformer.decode)  # [n, T, V]
+    return jax.lax.dynamic_index_in_dim(logits, t, axis=1, keepdims=False)
+
+
+class Stepper(NamedTuple):
+    """A next-token function over n = batch * beams rows, cached or not.
+
+    ``step(state, seqs int32[n, max_len], t) -> (float32[n, vocab] logits, state)``: ``seqs`` holds the
+    tokens output before position t. ``state`` is the cache (or ``()`` uncached); ``reorder(state,
+    rows int32[n])`` makes row i continue from row ``rows[i]`` (beam selection).
+    """
+
+    state: Any
+    step: Any
+    reorder: Any
+
+
+def make_stepper(params: Any, model_config: ModelConfig, inputs: Array, max_len: int,
+                  use_cache: bool, beams: int = 1, cache_len: int | None = None) -> Stepper:
+    """Encodes ``inputs`` int32[batch, src_len] once and returns a stepper over batch * beams rows.
+
+    Row ``b * beams + k`` is beam k of example b. The cache starts with ``cache_len`` (default
+    ``max_len``) positions; ``grow_cache`` lengthens it, and the step follows its shape.
+    """
+    encoded = encode(params, model_config, inputs)  # [B, S, D]
+    if not use_cache:
+        encoded, inputs = (jnp.repeat(x, beams, axis=0) for x in (encoded, inputs))  # [B*K, ...]
+        step = lambda state, seqs, t: (_full_step(params, model_config, encoded, inputs, seqs, t), state)
+        return Stepper((), step, lambda state, rows: state)
+
+    # Project the encoder keys/values once per example, then copy the cache to every beam.
+    cache = init_cache(model_config, params, encoded, inputs, cache_len or max_len)
+    cache = jax.tree.map(lambda x: jnp.repeat(x, beams, axis=0) if x.ndim else x, cache)
+    encoded, inputs = (jnp.repeat(x, beams, axis=0) for x in (encoded, inputs))  # [B*K, ...]
+
+    def step(cache, seqs, t):
+        previous = jax.lax.dynamic_index_in_dim(seqs, jnp.maximum(t - 1, 0), axis=1, keepdims=False)
+        previous = jnp.where(t == 0, BOS_ID, previous)  # [n]
+        return decode_step(params, model_config, cache, encoded, inputs, previous)
+
+    def reorder(cache, rows):
+        def take(path, x):
+            # Scalar indices are shared; so are the encoder keys/values (rows stay within an example).
+            if x.ndim == 0 or getattr(path[-1], "key", None) in _SHARED_CACHE_LEAVES:
+                return x
+            return jnp.take(x, rows, axis=0, mode="clip")
+        return jax.tree_util.tree_map_with_path(take, cache)
+
+    return Stepper(cache, step, reorder)
