@@ -130,13 +130,12 @@ def bench_throughput(path: str, workdir: str, *, num_sentences: int | None, beam
 
     ``beam_size`` None takes the run config's (with its alpha and max_extra_len).
     """
-    from transformer_jax.checkpoints.restore import restore_workdir
-    from transformer_jax.evaluation import scoring
+    from transformer_jax.checkpoints.restore import averaged_params, restore_workdir
 
     lines = translation.read_lines(path)[:num_sentences]
     restored = restore_workdir(workdir)
     final = restored.run.eval
-    params = scoring.averaged_params(restored, average_last) if average_last > 1 else restored.params
+    params = averaged_params(restored, average_last) if average_last > 1 else restored.params
     settings = translation.Settings(
         beam_size=final.final_beam_size if beam_size is None else beam_size,
         alpha=final.final_alpha, max_extra_len=final.final_max_extra_len)

@@ -20,6 +20,7 @@ from typing import Any
 import jax
 
 from transformer_jax import data as data_lib
+from transformer_jax.checkpoints.averaging import average_checkpoints
 from transformer_jax.checkpoints.integrity import (
     CheckpointMismatchError,
     TokenizerMismatchError,
@@ -32,7 +33,7 @@ from transformer_jax.data.tokenizer import Tokenizer, tokenizer_file
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.transformer import init_params
 from transformer_jax.run_config import RunConfig, run_config_from_saved
-from transformer_jax.runtime.errors import MissingFileError
+from transformer_jax.runtime.errors import ConfigError, MissingFileError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,3 +155,28 @@ def restore_workdir(workdir: str, step: int | None = None) -> Restored:
         return Restored(run, tokenizer, params, int(restored_step), ckpt.directory, target)
     finally:
         ckpt.close()
+
+
+def steps_to_average(restored: Restored, average_last: int, *, from_config: bool = False) -> list[int]:
+    """The ``average_last`` newest checkpoint steps up to ``restored.step``, oldest first.
+
+    ``from_config``: ``average_last`` is the run's ``final_average_last`` (evaluate.py's default), which
+    the error then names, with how to score fewer.
+    """
+    with Checkpointer(restored.checkpoint_dir, save_every_steps=None, save_every_minutes=None,
+                      read_only=True) as ckpt:
+        available = [s for s in ckpt.all_steps() if s <= restored.step]
+    if len(available) < average_last:
+        given = (f"--average_last={average_last} (the default: the run's final_average_last)" if from_config
+                 else f"--average_last={average_last}")
+        fix = (f"; pass --average_last=1 to score step {restored.step} alone" if from_config else "")
+        raise ConfigError(f"{given} needs {average_last} checkpoints up to step {restored.step} in "
+                          f"{restored.checkpoint_dir}; found {len(available)}: {available}{fix}")
+    return available[-average_last:]
+
+
+def averaged_params(restored: Restored, average_last: int, *, steps: list[int] | None = None):
+    """The mean parameters of the ``average_last`` checkpoints ending at ``restored.step`` (or of
+    ``steps``, from ``steps_to_average``)."""
+    steps = steps_to_average(restored, average_last) if steps is None else steps
+    return average_checkpoints(restored.checkpoint_dir, restored.abstract_params, len(steps), steps=steps)

@@ -16,9 +16,7 @@ from typing import Any
 import numpy as np
 
 from transformer_jax import data as data_lib
-from transformer_jax.checkpoints.averaging import average_checkpoints
-from transformer_jax.checkpoints.manager import Checkpointer
-from transformer_jax.checkpoints.restore import Restored, restore_workdir
+from transformer_jax.checkpoints.restore import averaged_params, restore_workdir, steps_to_average
 from transformer_jax.data.sources import read_parallel_numbered
 from transformer_jax.evaluation import bleu, evaluate_args, paper, paper_tables, parsing, translation
 from transformer_jax.model import loss
@@ -102,31 +100,6 @@ def translate_and_score(params, model_config: ModelConfig, tokenizer, batches, *
             "tokenized_bleu": scores["tokenized"].score, "multi30k_bleu": scores["multi30k"].score,
             "decode_seconds": decode_seconds, "hypotheses": hypotheses, "references": references,
             "sources": sources}
-
-
-def steps_to_average(restored: Restored, average_last: int, *, from_config: bool = False) -> list[int]:
-    """The ``average_last`` newest checkpoint steps up to ``restored.step``, oldest first.
-
-    ``from_config``: ``average_last`` is the run's ``final_average_last`` (evaluate.py's default), which
-    the error then names, with how to score fewer.
-    """
-    with Checkpointer(restored.checkpoint_dir, save_every_steps=None, save_every_minutes=None,
-                      read_only=True) as ckpt:
-        available = [s for s in ckpt.all_steps() if s <= restored.step]
-    if len(available) < average_last:
-        given = (f"--average_last={average_last} (the default: the run's final_average_last)" if from_config
-                 else f"--average_last={average_last}")
-        fix = (f"; pass --average_last=1 to score step {restored.step} alone" if from_config else "")
-        raise ConfigError(f"{given} needs {average_last} checkpoints up to step {restored.step} in "
-                          f"{restored.checkpoint_dir}; found {len(available)}: {available}{fix}")
-    return available[-average_last:]
-
-
-def averaged_params(restored: Restored, average_last: int, *, steps: list[int] | None = None):
-    """The mean parameters of the ``average_last`` checkpoints ending at ``restored.step`` (or of
-    ``steps``, from ``steps_to_average``)."""
-    steps = steps_to_average(restored, average_last) if steps is None else steps
-    return average_checkpoints(restored.checkpoint_dir, restored.abstract_params, len(steps), steps=steps)
 
 
 def _split_batches(data_config, tokenizer, split: str, source_file: str | None,

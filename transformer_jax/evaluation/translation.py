@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from transformer_jax.checkpoints.restore import restore_workdir
+from transformer_jax.checkpoints.restore import averaged_params, restore_workdir
 from transformer_jax.data.eval_batches import extended_buckets
 from transformer_jax.data.sources import normalize_whitespace
 from transformer_jax.evaluation import decode, paper
@@ -246,8 +246,6 @@ def translate_workdir(workdir: str, *, input_path: str | None = None, output_pat
       ``num_sentences``, ``decode_seconds`` (search and detokenization, compilation included),
       ``sentences_per_second`` and ``target_tokens_per_second`` (SentencePiece tokens of the outputs).
     """
-    from transformer_jax.evaluation import scoring  # scoring decodes through this module
-
     for flag, value, minimum, what in (
             ("step", step, 0, "a saved checkpoint step; leave it out for the latest"),
             ("average_last", average_last, 0, "0 or 1: no averaging; N: the last N checkpoints"),
@@ -268,7 +266,7 @@ def translate_workdir(workdir: str, *, input_path: str | None = None, output_pat
         max_extra_len=final.final_max_extra_len if max_extra_len is None else max_extra_len)
     if average_last is None:
         average_last = final.final_average_last
-    params = scoring.averaged_params(restored, average_last) if average_last > 1 else restored.params
+    params = averaged_params(restored, average_last) if average_last > 1 else restored.params
     name = input_path or "<stdin>"
     if show_progress is None:
         show_progress = input_path is not None or not sys.stdin.isatty()
