@@ -195,22 +195,20 @@ def test_overflow_in_the_update_saves_nothing_and_a_sane_rerun_continues(tmp_pat
 @_IGNORE_CLOSED_LOOP
 def test_a_bit_flip_is_detected_by_evaluation_and_training(tmp_path, reference, caplog, capsys):
     workdir = copy_of(reference, tmp_path)
-    files = glob.glob(f"{workdir}/checkpoints/{STEPS}/state/**/d/*", recursive=True)
-    path = max(files, key=os.path.getsize)
-    size = os.path.getsize(path)
-    # 64 bytes at each of 31 places in the first half of the largest data file (same size). The arrays fill
-    # about the first half of an OCDBT data file here, in an order that varies between runs; bytes past
-    # them are never read at restore, so a flip there would change nothing. The parameters are about a
-    # third of those bytes and evaluation reads only them, so the places are dense enough that some hit
-    # the parameters whatever the order. Depending on what a flip hits, it is caught by the saved checksums
-    # or already by tensorstore's read (a broken chunk); either way the step must be reported damaged and
-    # skipped. The checksum path alone is pinned in test_checkpoint.py.
-    with open(path, "r+b") as f:
-        for offset in range(size // 64, size // 2, size // 64):
-            f.seek(offset)
-            chunk = f.read(64)
-            f.seek(offset)
-            f.write(bytes(b ^ 0x5A for b in chunk))
+    # 64 bytes at each of 31 places in the first half of every data file of the step (each keeps its size).
+    # The arrays fill about the first half of an OCDBT data file here, in an order that varies between
+    # runs; bytes past them are never read at restore. Every file is hit because evaluation reads only
+    # the parameters, which may sit in a file of their own. Depending on what a flip hits, it is caught by
+    # the saved checksums or already by tensorstore's read (a broken chunk); either way the step must be
+    # reported damaged and skipped. The checksum path alone is pinned in test_checkpoint.py.
+    for path in glob.glob(f"{workdir}/checkpoints/{STEPS}/state/**/d/*", recursive=True):
+        size = os.path.getsize(path)
+        with open(path, "r+b") as f:
+            for offset in range(size // 64, size // 2, max(size // 64, 1)):
+                f.seek(offset)
+                chunk = f.read(64)
+                f.seek(offset)
+                f.write(bytes(b ^ 0x5A for b in chunk))
 
     with caplog.at_level(logging.WARNING):
         assert restore.restore_workdir(str(workdir)).step == STEPS - 1  # evaluate.py's path
