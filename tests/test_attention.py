@@ -253,3 +253,24 @@ def test_single_query_fast_path_matches_reference():
     out, weights = attention.dot_product_attention(q, k, v, mask, return_weights=True)
     np.testing.assert_allclose(out, _reference(q, k, v, np.asarray(mask)), rtol=1e-5, atol=1e-5)
     assert weights.shape == (BATCH, HEADS, 1, KV_LEN) and attention.attention_witness(weights, mask).ok
+
+
+def test_decode_attention_equals_the_reference_per_row():
+    """Beams of one example share its head-major keys; each row's output is its own attention."""
+    group = 4
+    rng = np.random.default_rng(5)
+    q = rng.normal(size=(BATCH * group, 1, HEADS, D_K)).astype(np.float32)
+    k = rng.normal(size=(BATCH, HEADS, KV_LEN, D_K)).astype(np.float32)
+    v = rng.normal(size=(BATCH, HEADS, KV_LEN, D_V)).astype(np.float32)
+    mask = rng.random((BATCH, 1, group, KV_LEN)) < 0.6
+    mask[0, 0, 1] = False  # a row with no allowed key: zero output, not NaN
+    out, weights = attention.decode_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v),
+                                              jnp.asarray(mask))
+    assert out.shape == (BATCH * group, 1, HEADS, D_V) and weights.shape == (BATCH, HEADS, group, KV_LEN)
+    for row in range(BATCH * group):
+        b, g = divmod(row, group)
+        want = _reference(q[row:row + 1], k[b:b + 1].transpose(0, 2, 1, 3), v[b:b + 1].transpose(0, 2, 1, 3),
+                          mask[b:b + 1, :, g:g + 1])
+        np.testing.assert_allclose(out[row:row + 1], want, atol=1e-5, rtol=1e-5)
+    assert not np.any(np.asarray(out[1]))
+    attention.check_attention(weights, mask)

@@ -155,19 +155,31 @@ def test_a_cache_grown_midway_gives_the_one_phase_outputs(tiny, first):
     np.testing.assert_allclose(beams_two[1], beams_one[1], atol=1e-6)
 
 
-def test_grow_cache_pads_only_the_self_attention_buffers(tiny):
+def test_grow_cache_pads_only_the_position_axes(tiny):
     cfg, params = tiny
     inputs = _sources(7)
-    cache = kv_cache.init_cache(cfg, params, kv_cache.encode(params, cfg, inputs), inputs, cache_len=3)
+    beams = 2
+    cache = kv_cache.init_cache(cfg, params, kv_cache.encode(params, cfg, inputs), inputs, cache_len=3,
+                                beams=beams)
     grown = kv_cache.grow_cache(cache, 8)
+    names = set()
     for (path, old), new in zip(jax.tree_util.tree_flatten_with_path(cache)[0], jax.tree.leaves(grown),
                                 strict=True):
-        if path[-1].key in ("cached_key", "cached_value"):
-            assert new.shape == (BATCH, 8) + old.shape[2:]
+        name = path[-1].key
+        names.add(name)
+        if name in ("cached_key", "cached_value"):  # [batch, heads, beams, cache_len, d]
+            assert old.shape[:4] == (BATCH, cfg.num_heads, beams, 3)
+            assert new.shape == old.shape[:3] + (8,) + old.shape[4:]
+            np.testing.assert_array_equal(new[:, :, :, :3], old)
+            assert not np.any(np.asarray(new[:, :, :, 3:]))
+        elif name == "ancestry":  # [batch * beams, cache_len]
+            assert old.shape == (BATCH * beams, 3) and new.shape == (BATCH * beams, 8)
             np.testing.assert_array_equal(new[:, :3], old)
-            assert not np.any(np.asarray(new[:, 3:]))
-        else:
-            np.testing.assert_array_equal(new, old)  # encoder keys/values, indices
+        else:  # encoder keys/values [batch, heads, src_len, d], indices
+            np.testing.assert_array_equal(new, old)
+            if name == "encoded_key":
+                assert old.shape[:3] == (BATCH, cfg.num_heads, inputs.shape[1])  # once per example
+    assert {"cached_key", "cached_value", "ancestry", "encoded_key", "encoded_value"} <= names
 
 
 def test_beam_size_one_equals_greedy(tiny):

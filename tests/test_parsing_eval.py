@@ -56,8 +56,10 @@ def _batches(sources, padded_len, batch_size):
 
 def test_cache_bytes_hand_computed():
     config, _ = _tiny_model(d_model=24, num_heads=3, d_k=5, d_v=7, num_decoder_layers=3)
-    # 3 layers x 5 rows x 7 beams x (13 + 9) positions x 3 heads x (5 + 7) x 4 bytes
-    assert parsing.cache_bytes(config, 5, 7, src_len=9, cache_len=13) == 3 * 5 * 7 * 22 * 36 * 4
+    # 3 layers x 5 rows x (7 beams x 13 + 9 source positions) x 3 heads x (5 + 7) x 4 bytes, and the
+    # ancestry: 5 rows x 7 beams x 13 positions x 4 bytes
+    assert (parsing.cache_bytes(config, 5, 7, src_len=9, cache_len=13)
+            == 3 * 5 * (7 * 13 + 9) * 36 * 4 + 5 * 7 * 13 * 4)
     per_sentence = parsing.cache_bytes(config, 1, 21, src_len=9, cache_len=309)
     assert parsing.chunk_rows(config, 21, 9, 309, budget_bytes=3 * per_sentence + 1) == 3
     assert parsing.chunk_rows(config, 21, 9, 309, budget_bytes=1) == 1

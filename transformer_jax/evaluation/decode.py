@@ -213,14 +213,20 @@ def _beam_step(state: _BeamState, stepper: kv_cache.Stepper, *, beam_size: int, 
     t = state.t
     logits, model_state = stepper.step(
         state.model_state, state.alive_seqs.reshape(batch * beam_size, max_len), t)  # [B*K, V]
-    vocab = logits.shape[-1]
-    logprobs = _ban_tokens(jax.nn.log_softmax(logits, axis=-1), t, min_len)  # [B*K, V]
-    logprobs = logprobs.reshape(batch, beam_size, vocab)  # [B, K, V]
-    candidates = (state.alive_logprobs[:, :, None] + logprobs).reshape(batch, beam_size * vocab)
-
-    # 2K candidates are enough: at most K of them end here, so K still go on.
-    top_logprobs, top_index = jax.lax.top_k(candidates, 2 * beam_size)  # [B, 2K]
-    parent, token = top_index // vocab, (top_index % vocab).astype(jnp.int32)  # [B, 2K]
+    # 2K candidates are enough: at most K of them end here, so K still go on. The best 2K of an
+    # example's K * V extensions are among the best 2K tokens of each beam, so each row keeps its top
+    # 2K before the beams meet: log_softmax(x)_i = (x_i - max x) - log(sum(exp(x - max x))) is never
+    # formed over the whole vocabulary, only its normalizer.
+    row_k = min(2 * beam_size, logits.shape[-1])
+    shifted = logits - jnp.max(logits, axis=-1, keepdims=True)  # [B*K, V]
+    log_normalizer = jnp.log(jnp.sum(jnp.exp(shifted), axis=-1, keepdims=True))  # [B*K, 1]
+    row_top, row_token = jax.lax.top_k(_ban_tokens(shifted, t, min_len), row_k)  # [B*K, row_k]
+    row_logprobs = jnp.maximum(row_top - log_normalizer, NEG_INF)  # banned stay NEG_INF
+    candidates = (state.alive_logprobs[:, :, None]
+                  + row_logprobs.reshape(batch, beam_size, row_k))  # [B, K, row_k]
+    top_logprobs, top_index = jax.lax.top_k(candidates.reshape(batch, -1), 2 * beam_size)  # [B, 2K]
+    parent = top_index // row_k  # [B, 2K]
+    token = jnp.take_along_axis(row_token.reshape(batch, -1), top_index, axis=1).astype(jnp.int32)
     top_seqs = jnp.take_along_axis(state.alive_seqs, parent[:, :, None], axis=1)  # [B, 2K, T]
     top_seqs = jax.lax.dynamic_update_slice_in_dim(top_seqs, token[:, :, None], t, axis=2)
     ended = (token == EOS_ID) | (t + 1 >= limits[:, None])  # [B, 2K]

@@ -1,7 +1,10 @@
 """The model in decode mode: the encoder, the key/value cache and one cached decoder step.
 
 ``decode.py``'s searches run on a ``Stepper``: a next-token function over n = batch * beams rows, with
-its state (the cache) and the beam reorder. The self-attention cache grows in two phases
+its state (the cache) and the beam reorder. The cache holds one copy of each example's encoder
+keys/values for all its beams, and self-attention keys/values in beam slots that are never moved: a
+reorder gathers only the ``ancestry`` table, int32[n, cache_len], which says which slot holds each
+row's ancestors (``model.transformer.Decoder``). The self-attention cache grows in two phases
 (``run_in_phases``): first ``first_cache_len`` positions, then, only if some output is still going, padded
 to ``max_len``; masked positions weigh exactly 0, so the logits do not change.
 """
@@ -19,13 +22,11 @@ from transformer_jax.model.transformer import Transformer, shift_right
 
 Array = jax.Array
 
-# Cache leaves that beams of one example share: the encoder keys/values of cross-attention.
-_SHARED_CACHE_LEAVES = ("encoded_key", "encoded_value")
-# The self-attention buffers, [batch, cache_len, heads, d_k|d_v].
-_SELF_CACHE_LEAVES = ("cached_key", "cached_value")
+# The cache leaves that grow with the output, and their position axis: the self-attention buffers
+# [batch, heads, beams, cache_len, d_k|d_v] and the ancestry table [batch * beams, cache_len].
+_POSITION_AXIS = {"cached_key": 3, "cached_value": 3, "ancestry": 1}
 # The first phase's cache holds the source length plus this many positions (see the module docstring).
 FIRST_CACHE_EXTRA = 16
-
 
 
 def eval_config(model_config: ModelConfig) -> ModelConfig:
@@ -38,8 +39,13 @@ def encode(params: Any, model_config: ModelConfig, inputs: Array) -> Array:
         {"params": params}, inputs, method=Transformer.encode)
 
 
+def _decode_config(model_config: ModelConfig, cache_len: int, beams: int) -> ModelConfig:
+    return model_config.replace(decode=True, decode_cache_len=cache_len, decode_beams=beams,
+                                deterministic=True)
+
+
 def init_cache(model_config: ModelConfig, params: Any, encoded: Array, inputs: Array,
-               cache_len: int) -> Any:
+               cache_len: int, beams: int = 1) -> Any:
     """Creates the decode cache: empty self-attention buffers and the projected encoder keys/values.
 
     Runs the model's first decode-mode call, which only builds the cache (its logits are discarded).
@@ -50,31 +56,42 @@ def init_cache(model_config: ModelConfig, params: Any, encoded: Array, inputs: A
       encoded: float[batch, src_len, d_model] encoder output.
       inputs: int32[batch, src_len] source ids.
       cache_len: positions the self-attention cache holds (the longest output).
+      beams: decoder rows per example (``batch * beams`` rows in all).
 
     Returns:
-      The "cache" collection: self-attention keys/values [batch, cache_len, heads, d_k|d_v] (zeros),
-      cross-attention keys/values [batch, src_len, heads, d_k|d_v] and scalar int32 indices (0).
+      The "cache" collection, per decoder layer: self-attention keys/values [batch, heads, beams,
+      cache_len, d_k|d_v] (zeros), cross-attention keys/values [batch, heads, src_len, d_k|d_v];
+      the ancestry table int32[batch * beams, cache_len] (zeros) and scalar int32 indices (0).
     """
-    cfg = model_config.replace(decode=True, decode_cache_len=cache_len, deterministic=True)
-    start = jnp.full((inputs.shape[0], 1), BOS_ID, jnp.int32)  # [B, 1]
+    cfg = _decode_config(model_config, cache_len, beams)
+    start = jnp.full((inputs.shape[0] * beams, 1), BOS_ID, jnp.int32)  # [B*K, 1]
     _, state = Transformer(cfg).apply({"params": params}, encoded, inputs, start,
                                       method=Transformer.decode, mutable=["cache"])
     return state["cache"]
 
 
-def _cache_len(cache: Any) -> int:
+def _leaf_name(path) -> str | None:
+    return getattr(path[-1], "key", None)
+
+
+def _cache_shape(cache: Any) -> tuple[int, int]:
+    """(cache_len, beams) of a cache built by :func:`init_cache`."""
     for path, leaf in jax.tree_util.tree_flatten_with_path(cache)[0]:
-        if getattr(path[-1], "key", None) == "cached_key":
-            return leaf.shape[1]  # [batch, cache_len, heads, d_k]
+        if _leaf_name(path) == "cached_key":
+            return leaf.shape[3], leaf.shape[2]  # [batch, heads, beams, cache_len, d_k]
     raise ValueError("the cache holds no 'cached_key' leaf; build it with init_cache")
 
 
 def grow_cache(cache: Any, cache_len: int) -> Any:
-    """The cache with its self-attention buffers zero-padded to ``cache_len`` positions (indices kept)."""
+    """The cache with its self-attention buffers and ancestry zero-padded to ``cache_len`` positions
+    (indices and encoder keys/values kept)."""
     def pad(path, x):
-        if getattr(path[-1], "key", None) not in _SELF_CACHE_LEAVES:
+        axis = _POSITION_AXIS.get(_leaf_name(path))
+        if axis is None:
             return x
-        return jnp.pad(x, [(0, 0), (0, cache_len - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
+        widths = [(0, 0)] * x.ndim
+        widths[axis] = (0, cache_len - x.shape[axis])
+        return jnp.pad(x, widths)
     return jax.tree_util.tree_map_with_path(pad, cache)
 
 
@@ -109,12 +126,12 @@ def decode_step(params: Any, model_config: ModelConfig, cache: Any, encoded: Arr
       cache: from :func:`init_cache` or an earlier step.
       encoded: float[batch, src_len, d_model] (only its shape matters once the cache exists).
       inputs: int32[batch, src_len] source ids (for the source padding mask).
-      tokens: int32[batch] the previous output token (BOS at the first step).
+      tokens: int32[batch * beams] the previous output token of every row (BOS at the first step).
 
     Returns:
-      float32[batch, vocab] logits and the advanced cache.
+      float32[batch * beams, vocab] logits and the advanced cache.
     """
-    cfg = model_config.replace(decode=True, decode_cache_len=_cache_len(cache), deterministic=True)
+    cfg = _decode_config(model_config, *_cache_shape(cache))
     logits, state = Transformer(cfg).apply({"params": params, "cache": cache}, encoded, inputs,
                                            tokens[:, None], method=Transformer.decode, mutable=["cache"])
     return logits[:, 0], state["cache"]
@@ -158,10 +175,8 @@ def make_stepper(params: Any, model_config: ModelConfig, inputs: Array, max_len:
         step = lambda state, seqs, t: (_full_step(params, model_config, encoded, inputs, seqs, t), state)
         return Stepper((), step, lambda state, rows: state)
 
-    # Project the encoder keys/values once per example, then copy the cache to every beam.
-    cache = init_cache(model_config, params, encoded, inputs, cache_len or max_len)
-    cache = jax.tree.map(lambda x: jnp.repeat(x, beams, axis=0) if x.ndim else x, cache)
-    encoded, inputs = (jnp.repeat(x, beams, axis=0) for x in (encoded, inputs))  # [B*K, ...]
+    # The encoder keys/values are projected once per example and shared by its beams.
+    cache = init_cache(model_config, params, encoded, inputs, cache_len or max_len, beams)
 
     def step(cache, seqs, t):
         previous = jax.lax.dynamic_index_in_dim(seqs, jnp.maximum(t - 1, 0), axis=1, keepdims=False)
@@ -169,11 +184,9 @@ def make_stepper(params: Any, model_config: ModelConfig, inputs: Array, max_len:
         return decode_step(params, model_config, cache, encoded, inputs, previous)
 
     def reorder(cache, rows):
+        # Rows stay within their example, so only the ancestry table moves (see the module docstring).
         def take(path, x):
-            # Scalar indices are shared; so are the encoder keys/values (rows stay within an example).
-            if x.ndim == 0 or getattr(path[-1], "key", None) in _SHARED_CACHE_LEAVES:
-                return x
-            return jnp.take(x, rows, axis=0, mode="clip")
+            return jnp.take(x, rows, axis=0, mode="clip") if _leaf_name(path) == "ancestry" else x
         return jax.tree_util.tree_map_with_path(take, cache)
 
     return Stepper(cache, step, reorder)

@@ -45,17 +45,19 @@ _NONE = "—"
 
 
 def cache_bytes(model_config: ModelConfig, rows: int, beam_size: int, src_len: int, cache_len: int) -> int:
-    """Bytes of the decode cache for ``rows`` sentences: self-attention keys/values
-    [rows * beam, cache_len, heads, d_k|d_v] and cross-attention keys/values
-    [rows * beam, src_len, heads, d_k|d_v], in each decoder layer.
+    """Bytes of the decode cache for ``rows`` sentences: in each decoder layer, self-attention
+    keys/values [rows, heads, beam, cache_len, d_k|d_v] and cross-attention keys/values
+    [rows, heads, src_len, d_k|d_v] (shared by the beams); and the int32 ancestry table
+    [rows * beam, cache_len].
 
     E.g. the sample config (d_model 128, 4 layers, f32) with beam 21, a 48-token source and
-    cache_len 348: 4 * 2 * 128 * 4 B * 21 * (348 + 48) = 34 MB per sentence.
+    cache_len 348: 4 * 2 * 128 * 4 B * (21 * 348 + 48) + 21 * 348 * 4 B = 30 MB per sentence.
     """
     per_position = model_config.num_heads * (model_config.d_k + model_config.d_v)
     itemsize = np.dtype(model_config.compute_dtype).itemsize
-    return (model_config.num_decoder_layers * rows * beam_size * (cache_len + src_len)
-            * per_position * itemsize)
+    keys_values = (model_config.num_decoder_layers * rows * (beam_size * cache_len + src_len)
+                   * per_position * itemsize)
+    return keys_values + rows * beam_size * cache_len * np.dtype(np.int32).itemsize
 
 
 def chunk_rows(model_config: ModelConfig, beam_size: int, src_len: int, cache_len: int,

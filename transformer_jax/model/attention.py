@@ -145,14 +145,7 @@ def dot_product_attention(
         raise ValueError(f"mask must be rank 4 [batch, heads, q_len, kv_len], got shape {mask.shape}")
     if scale_logits:
         query = query / jnp.asarray(math.sqrt(d_k), query.dtype)
-    single_query = query.shape[1] == 1  # a cached decoding step
-    if single_query:
-        # The same contraction without the [B, K, H, D] -> [B, H, K, D] copy of the whole cache that
-        # XLA:CPU makes for the batched einsum at every decoding step.
-        logits = jnp.sum(query * key, axis=-1, dtype=query.dtype)  # [B, K, H]
-        logits = jnp.transpose(logits, (0, 2, 1))[:, :, None, :]  # [B, H, 1, K]
-    else:
-        logits = jnp.einsum("bqhd,bkhd->bhqk", query, key, precision=precision)  # [B, H, Q, K]
+    logits = jnp.einsum("bqhd,bkhd->bhqk", query, key, precision=precision)  # [B, H, Q, K]
     # Softmax in at least float32, also when computing in bfloat16.
     logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
     if bias is not None:
@@ -164,12 +157,38 @@ def dot_product_attention(
             raise ValueError("dropout_rate > 0 needs an rng")
         keep = jax.random.bernoulli(rng, 1.0 - dropout_rate, weights.shape)
         mixing = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
-    if single_query:
-        mix = jnp.transpose(mixing[:, :, 0, :], (0, 2, 1))[..., None].astype(value.dtype)  # [B, K, H, 1]
-        out = jnp.sum(mix * value, axis=1, keepdims=True)  # [B, 1, H, D_v]
-    else:
-        out = jnp.einsum("bhqk,bkhd->bqhd", mixing.astype(value.dtype), value, precision=precision)
+    out = jnp.einsum("bhqk,bkhd->bqhd", mixing.astype(value.dtype), value, precision=precision)
     return (out, weights) if return_weights else out
+
+
+def decode_attention(query: Array, key: Array, value: Array, mask: Array | None) -> tuple[Array, Array]:
+    """One cached decoding step: ``batch * group`` single-position queries against head-major keys.
+
+    The queries of one example (its ``group`` beams) share that example's keys, so each (example, head)
+    is one ``[group, d_k] x [d_k, kv_len]`` product instead of ``group`` matrix-vector products over
+    copies of the keys. Equals :func:`dot_product_attention` on the keys repeated per row.
+
+    Args:
+      query: float[batch * group, 1, num_heads, d_k]; row ``b * group + g`` belongs to example b.
+      key: float[batch, num_heads, kv_len, d_k].
+      value: float[batch, num_heads, kv_len, d_v].
+      mask: bool[batch|1, 1, group|1, kv_len]; True = may attend. Or None.
+
+    Returns:
+      float[batch * group, 1, num_heads, d_v] and float32 weights [batch, num_heads, group, kv_len].
+    """
+    batch, num_heads, _, d_k = key.shape
+    rows = query.shape[0]
+    if rows % batch or query.shape[1:] != (1, num_heads, d_k):
+        raise ValueError(f"query must be [batch * group, 1, {num_heads}, {d_k}] for keys of batch "
+                         f"{batch}, got shape {query.shape}")
+    group = rows // batch
+    query = query.reshape(batch, group, num_heads, d_k).transpose(0, 2, 1, 3)  # [B, H, G, d_k]
+    query = query / jnp.asarray(math.sqrt(d_k), query.dtype)
+    logits = jnp.einsum("bhgd,bhkd->bhgk", query, key)  # [B, H, G, K]
+    weights = masked_softmax(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), mask)
+    out = jnp.einsum("bhgk,bhkd->bhgd", weights.astype(value.dtype), value)  # [B, H, G, d_v]
+    return out.transpose(0, 2, 1, 3).reshape(rows, 1, num_heads, value.shape[-1]), weights
 
 
 # --------------------------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ POSITION_ENCODINGS = ("sinusoidal", "learned")
 NORM_STYLES = ("post", "pre")
 ATTENTION_IMPLEMENTATIONS = ("dense", "blockwise")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-MODE_FIELDS = ("deterministic", "decode")  # set by the code that runs the model, never by a config
+# Set by the code that runs the model, never by a config.
+MODE_FIELDS = ("deterministic", "decode", "decode_beams")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +51,7 @@ class ModelConfig:
     attention_witness: bool = False  # check every attention map at run time (debugging, slow)
     deterministic: bool = False  # no dropout
     decode: bool = False  # incremental decoding with a key/value cache
+    decode_beams: int = 1  # decode mode: decoder rows per example (beam search), sharing its cache
 
     def __post_init__(self):
         # Resolve the per-head sizes first so the rest of the code can rely on them.
@@ -58,7 +60,8 @@ class ModelConfig:
         if self.d_v is None:
             object.__setattr__(self, "d_v", self._default_head_dim("d_v"))
         for name in ("vocab_size", "d_model", "d_ff", "num_heads", "d_k", "d_v",
-                     "num_encoder_layers", "num_decoder_layers", "max_len", "attention_block_size"):
+                     "num_encoder_layers", "num_decoder_layers", "max_len", "attention_block_size",
+                     "decode_beams"):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")

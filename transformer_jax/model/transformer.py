@@ -150,7 +150,9 @@ class MultiHeadAttention(nn.Module):
           inputs_q: float[batch, q_len, d_model].
           inputs_kv: float[batch, kv_len, d_model].
           mask: bool[batch|1, 1, q_len|1, kv_len], True = may attend, or None. With ``causal`` the
-            causal mask is added here; in decode mode it comes from the cache index instead.
+            causal mask is added here. In decode mode, ``inputs_q`` is float[batch * beams, 1, d_model]
+            and the mask is [batch|1, 1, beams|1, keys] over this module's cache: the source padding
+            (cross) or the ancestry mask of :class:`Decoder` (self).
 
         Returns:
           float[batch, q_len, d_model].
@@ -158,19 +160,22 @@ class MultiHeadAttention(nn.Module):
         cfg = self.config
         query = self._project(inputs_q, self._kernel("query", cfg.d_k))
         key_kernel, value_kernel = self._kernel("key", cfg.d_k), self._kernel("value", cfg.d_v)
-        if cfg.decode and self.kind == "self":
-            key, value, mask = self._self_attention_cache(
-                self._project(inputs_kv, key_kernel), self._project(inputs_kv, value_kernel))
-        elif cfg.decode and self.kind == "cross":
-            key, value = self._cross_attention_cache(inputs_kv, key_kernel, value_kernel)
+        if cfg.decode:
+            if self.kind == "self":
+                key, value = self._self_attention_cache(
+                    self._project(inputs_kv, key_kernel), self._project(inputs_kv, value_kernel))
+            else:
+                key, value = self._cross_attention_cache(inputs_kv, key_kernel, value_kernel)
+            out, weights = attention.decode_attention(query, key, value, mask)
+            if cfg.attention_witness:
+                attention.witness_in_jit(weights, mask)
+        elif cfg.attention_impl == "blockwise":
+            key, value = self._project(inputs_kv, key_kernel), self._project(inputs_kv, value_kernel)
+            out = blockwise_attention.blockwise_attention(
+                query, key, value, mask, causal=self.causal, block_size=cfg.attention_block_size)
         else:
             key, value = self._project(inputs_kv, key_kernel), self._project(inputs_kv, value_kernel)
-        causal = self.causal and not cfg.decode  # decode mode masks by the cache index instead
-        if cfg.attention_impl == "blockwise":
-            out = blockwise_attention.blockwise_attention(
-                query, key, value, mask, causal=causal, block_size=cfg.attention_block_size)
-        else:
-            if causal:
+            if self.causal:
                 mask = attention.combine_masks(mask, attention.causal_mask(query.shape[1]))
             dropout_rng = None
             if not cfg.deterministic and cfg.attention_dropout_rate > 0:
@@ -191,45 +196,52 @@ class MultiHeadAttention(nn.Module):
         out = jnp.einsum("blhk,hkd->bld", out, out_kernel.astype(cfg.compute_dtype))
         return _constrain(out, (BATCH, LENGTH, EMBED))
 
-    def _self_attention_cache(self, key: Array, value: Array) -> tuple[Array, Array, Array]:
-        """Writes one step's key/value into the cache; returns the whole cache and its mask.
+    def _self_attention_cache(self, key: Array, value: Array) -> tuple[Array, Array]:
+        """Writes one step's keys/values into the cache; returns the whole cache, head-major.
+
+        Slot ``j`` of an example holds, at position t, what the hypothesis in beam row j wrote at step
+        t; the cache is never reordered when beams are (``Decoder``'s ancestry mask picks each row's
+        ancestors' slots instead).
 
         Args:
-          key: float[batch, 1, heads, d_k]; value: float[batch, 1, heads, d_v].
+          key: float[batch * beams, 1, heads, d_k]; value: float[batch * beams, 1, heads, d_v].
 
         Returns:
-          keys float[batch, cache_len, heads, d_k], values float[batch, cache_len, heads, d_v] and the
-          mask bool[1, 1, 1, cache_len] of the positions written so far.
+          keys float[batch, heads, beams * cache_len, d_k] and values [batch, heads, beams *
+          cache_len, d_v], slot-major (index ``j * cache_len + t``).
         """
         cfg = self.config
         if key.shape[1] != 1:
             raise ValueError(f"cached decoding takes one position per call, got {key.shape[1]}")
         cache_len = cfg.decode_cache_len or cfg.max_len
-        batch, _, heads, _ = key.shape
+        rows, _, heads, _ = key.shape
+        beams = cfg.decode_beams
+        batch = rows // beams
         is_initialized = self.has_variable("cache", "cached_key")
         cached_key = self.variable("cache", "cached_key", jnp.zeros,
-                                   (batch, cache_len, heads, cfg.d_k), key.dtype)
+                                   (batch, heads, beams, cache_len, cfg.d_k), key.dtype)
         cached_value = self.variable("cache", "cached_value", jnp.zeros,
-                                     (batch, cache_len, heads, cfg.d_v), value.dtype)
+                                     (batch, heads, beams, cache_len, cfg.d_v), value.dtype)
         cache_index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
-        index = cache_index.value
         if is_initialized:
-            cached_key.value = jax.lax.dynamic_update_slice_in_dim(cached_key.value, key, index, 1)
-            cached_value.value = jax.lax.dynamic_update_slice_in_dim(
-                cached_value.value, value, index, 1)
+            index = cache_index.value
+            for cached, new in ((cached_key, key), (cached_value, value)):
+                new = new.reshape(batch, beams, heads, -1).transpose(0, 2, 1, 3)[:, :, :, None]
+                cached.value = jax.lax.dynamic_update_slice_in_dim(cached.value, new, index, axis=3)
             cache_index.value = index + 1
-        mask = (jnp.arange(cache_len) <= index)[None, None, None, :]  # [1, 1, 1, cache_len]
-        return cached_key.value, cached_value.value, mask
+        return tuple(x.value.reshape(batch, heads, beams * cache_len, -1)
+                     for x in (cached_key, cached_value))
 
     def _cross_attention_cache(self, encoded: Array, key_kernel: Array,
                                value_kernel: Array) -> tuple[Array, Array]:
-        """Projects the encoder output once, when the cache is created, and reuses it afterwards."""
-        is_initialized = self.has_variable("cache", "encoded_key")
-        if is_initialized:
+        """The encoder keys/values float[batch, heads, src_len, d_k|d_v], projected once (when the
+        cache is created) and shared by the beams of an example."""
+        if self.has_variable("cache", "encoded_key"):
             return (self.get_variable("cache", "encoded_key"),
                     self.get_variable("cache", "encoded_value"))
-        key = self.variable("cache", "encoded_key", self._project, encoded, key_kernel)
-        value = self.variable("cache", "encoded_value", self._project, encoded, value_kernel)
+        head_major = lambda kernel: jnp.transpose(self._project(encoded, kernel), (0, 2, 1, 3))
+        key = self.variable("cache", "encoded_key", head_major, key_kernel)
+        value = self.variable("cache", "encoded_value", head_major, value_kernel)
         return key.value, value.value
 
 
@@ -291,18 +303,19 @@ class DecoderLayer(nn.Module):
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, x: Array, encoded: Array, cross_mask: Array) -> Array:
+    def __call__(self, x: Array, encoded: Array, cross_mask: Array, self_mask: Array | None) -> Array:
         """Masked self-attention, encoder-decoder attention, FFN.
 
         Args:
-          x: float[batch, tgt_len, d_model].
+          x: float[batch, tgt_len, d_model] (decode mode: [batch * beams, 1, d_model]).
           encoded: float[batch, src_len, d_model].
           cross_mask: bool[batch, 1, 1, src_len] source padding mask.
+          self_mask: None (the causal mask), or in decode mode the ancestry mask of :class:`Decoder`.
         """
         cfg = self.config
         self_attention = MultiHeadAttention(cfg, kind="self", causal=True, name="self_attention")
         cross_attention = MultiHeadAttention(cfg, kind="cross", name="cross_attention")
-        x = Residual(cfg, name="self_attention_block")(x, lambda y: self_attention(y, y, None))
+        x = Residual(cfg, name="self_attention_block")(x, lambda y: self_attention(y, y, self_mask))
         x = Residual(cfg, name="cross_attention_block")(
             x, lambda y: cross_attention(y, encoded, cross_mask))
         return Residual(cfg, name="ffn_block")(x, FeedForward(cfg, name="ffn"))
@@ -338,23 +351,51 @@ class Decoder(nn.Module):
         Args:
           encoded: float[batch, src_len, d_model], the encoder output.
           inputs: int[batch, src_len] source ids (for the padding mask).
-          decoder_input_tokens: int[batch, tgt_len], targets shifted right (one position when decoding
-            with a cache).
+          decoder_input_tokens: int[batch, tgt_len], targets shifted right. In decode mode
+            int[batch * decode_beams, 1]: one position of every beam (row ``b * beams + k``).
 
         Returns:
-          float32[batch, tgt_len, vocab_size] logits.
+          float32[batch, tgt_len, vocab_size] logits ([batch * beams, 1, vocab] in decode mode).
         """
         cfg = self.config
         cross_mask = attention.padding_mask(None, inputs)  # [B, 1, 1, S]
+        self_mask = self._ancestry_mask(decoder_input_tokens.shape[0]) if cfg.decode else None
         x = AddPositions(cfg, name="positions")(self.embed(decoder_input_tokens))
         x = self.perturb("embedded", x)  # identity; lets tests take gradients w.r.t. the inputs
         x = nn.Dropout(cfg.dropout_rate, deterministic=cfg.deterministic)(x)
         x = _constrain(x, (BATCH, LENGTH, EMBED))
         for i in range(cfg.num_decoder_layers):
-            x = DecoderLayer(cfg, name=f"layer_{i}")(x, encoded, cross_mask)
+            x = DecoderLayer(cfg, name=f"layer_{i}")(x, encoded, cross_mask, self_mask)
         if cfg.norm_style == "pre":
             x = _layer_norm(cfg, "final_norm")(x)
         return self.embed.attend(x)
+
+    def _ancestry_mask(self, rows: int) -> Array:
+        """Decode mode: which cached positions each beam row attends to, as its self-attention mask.
+
+        The "cache" variable ``ancestry`` int32[batch * beams, cache_len] holds, for row r and position
+        t, the beam slot whose self-attention cache holds r's ancestor's key at t. Each step sets
+        position t to the row's own slot (it writes there); beam search reorders only this table
+        (``evaluation.kv_cache``), never the keys and values.
+
+        Returns:
+          bool[batch, 1, beams, beams * cache_len]: slot j, position t (index ``j * cache_len + t``)
+          is allowed for beam k iff t <= the step and ``ancestry[b * beams + k, t] == j``.
+        """
+        cfg = self.config
+        beams, cache_len = cfg.decode_beams, cfg.decode_cache_len or cfg.max_len
+        is_initialized = self.has_variable("cache", "ancestry")
+        ancestry = self.variable("cache", "ancestry", jnp.zeros, (rows, cache_len), jnp.int32)
+        cache_index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
+        index = cache_index.value
+        if is_initialized:
+            own_slot = (jnp.arange(rows, dtype=jnp.int32) % beams)[:, None]  # [rows, 1]
+            ancestry.value = jax.lax.dynamic_update_slice_in_dim(ancestry.value, own_slot, index, 1)
+            cache_index.value = index + 1
+        slots = ancestry.value.reshape(rows // beams, beams, 1, cache_len)  # [B, K, 1, T]
+        written = (jnp.arange(cache_len) <= index)[None, None, None, :]  # [1, 1, 1, T]
+        mask = (slots == jnp.arange(beams)[None, None, :, None]) & written  # [B, K, J, T]
+        return mask.reshape(rows // beams, 1, beams, beams * cache_len)
 
 
 class Transformer(nn.Module):
