@@ -265,7 +265,7 @@ def test_decode_attention_equals_the_reference_per_row():
     mask = rng.random((BATCH, 1, group, KV_LEN)) < 0.6
     mask[0, 0, 1] = False  # a row with no allowed key: zero output, not NaN
     out, weights = attention.decode_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v),
-                                              jnp.asarray(mask))
+                                              jnp.asarray(mask.transpose(0, 1, 3, 2)))  # keys first
     assert out.shape == (BATCH * group, 1, HEADS, D_V) and weights.shape == (BATCH, HEADS, group, KV_LEN)
     for row in range(BATCH * group):
         b, g = divmod(row, group)

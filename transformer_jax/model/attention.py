@@ -82,23 +82,24 @@ def merge_heads(x: Array) -> Array:
     return x.reshape(batch, length, num_heads * head_dim)
 
 
-def masked_softmax(logits: Array, mask: Array | None) -> Array:
-    """Softmax over the last axis that gives masked entries weight exactly 0.
+def masked_softmax(logits: Array, mask: Array | None, axis: int = -1) -> Array:
+    """Softmax over ``axis`` (default the last) that gives masked entries weight exactly 0.
 
     Rows with no allowed entry come out all zero, with zero gradient. Both ``jnp.where`` calls are
     needed: the inner one keeps ``exp`` away from -inf so no NaN reaches the gradient.
 
     Args:
-      logits: float[..., kv_len].
+      logits: float[..., kv_len] (kv_len on ``axis``).
       mask: bool, broadcastable to ``logits`` with the same rank, or None.
+      axis: the axis the weights sum over.
     """
     if mask is None:
-        return jax.nn.softmax(logits, axis=-1)
+        return jax.nn.softmax(logits, axis=axis)
     mask = jnp.broadcast_to(mask, logits.shape)
-    row_max = jnp.max(jnp.where(mask, logits, -jnp.inf), axis=-1, keepdims=True)
+    row_max = jnp.max(jnp.where(mask, logits, -jnp.inf), axis=axis, keepdims=True)
     row_max = jax.lax.stop_gradient(jnp.where(jnp.isfinite(row_max), row_max, 0.0))
     unnormalized = jnp.where(mask, jnp.exp(jnp.where(mask, logits - row_max, 0.0)), 0.0)
-    denom = jnp.sum(unnormalized, axis=-1, keepdims=True)
+    denom = jnp.sum(unnormalized, axis=axis, keepdims=True)
     return unnormalized / jnp.where(denom > 0, denom, 1.0)
 
 
@@ -165,14 +166,16 @@ def decode_attention(query: Array, key: Array, value: Array, mask: Array | None)
     """One cached decoding step: ``batch * group`` single-position queries against head-major keys.
 
     The queries of one example (its ``group`` beams) share that example's keys, so each (example, head)
-    is one ``[group, d_k] x [d_k, kv_len]`` product instead of ``group`` matrix-vector products over
-    copies of the keys. Equals :func:`dot_product_attention` on the keys repeated per row.
+    is one product with the keys instead of ``group`` matrix-vector products over copies of them. The
+    logits are laid out keys-first, [batch, heads, kv_len, group]: XLA:CPU runs ``keys x queries^T``
+    about 6x faster than ``queries x keys^T`` at these shapes (a [kv_len, d_k] x [d_k, group] product
+    per example and head). Equals :func:`dot_product_attention` on the keys repeated per row.
 
     Args:
       query: float[batch * group, 1, num_heads, d_k]; row ``b * group + g`` belongs to example b.
       key: float[batch, num_heads, kv_len, d_k].
       value: float[batch, num_heads, kv_len, d_v].
-      mask: bool[batch|1, 1, group|1, kv_len]; True = may attend. Or None.
+      mask: bool[batch|1, 1, kv_len, group|1] (keys first); True = may attend. Or None.
 
     Returns:
       float[batch * group, 1, num_heads, d_v] and float32 weights [batch, num_heads, group, kv_len].
@@ -185,10 +188,11 @@ def decode_attention(query: Array, key: Array, value: Array, mask: Array | None)
     group = rows // batch
     query = query.reshape(batch, group, num_heads, d_k).transpose(0, 2, 1, 3)  # [B, H, G, d_k]
     query = query / jnp.asarray(math.sqrt(d_k), query.dtype)
-    logits = jnp.einsum("bhgd,bhkd->bhgk", query, key)  # [B, H, G, K]
-    weights = masked_softmax(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), mask)
-    out = jnp.einsum("bhgk,bhkd->bhgd", weights.astype(value.dtype), value)  # [B, H, G, d_v]
-    return out.transpose(0, 2, 1, 3).reshape(rows, 1, num_heads, value.shape[-1]), weights
+    logits = jnp.einsum("bhkd,bhgd->bhkg", key, query)  # [B, H, K, G]
+    weights = masked_softmax(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), mask, axis=2)
+    out = jnp.einsum("bhkg,bhkd->bhgd", weights.astype(value.dtype), value)  # [B, H, G, d_v]
+    out = out.transpose(0, 2, 1, 3).reshape(rows, 1, num_heads, value.shape[-1])
+    return out, jnp.swapaxes(weights, 2, 3)
 
 
 # --------------------------------------------------------------------------------------------------

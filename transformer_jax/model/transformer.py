@@ -151,8 +151,8 @@ class MultiHeadAttention(nn.Module):
           inputs_kv: float[batch, kv_len, d_model].
           mask: bool[batch|1, 1, q_len|1, kv_len], True = may attend, or None. With ``causal`` the
             causal mask is added here. In decode mode, ``inputs_q`` is float[batch * beams, 1, d_model]
-            and the mask is [batch|1, 1, beams|1, keys] over this module's cache: the source padding
-            (cross) or the ancestry mask of :class:`Decoder` (self).
+            and the mask is keys-first, [batch|1, 1, keys, beams|1], over this module's cache: the
+            source padding (cross) or the ancestry mask of :class:`Decoder` (self).
 
         Returns:
           float[batch, q_len, d_model].
@@ -168,7 +168,7 @@ class MultiHeadAttention(nn.Module):
                 key, value = self._cross_attention_cache(inputs_kv, key_kernel, value_kernel)
             out, weights = attention.decode_attention(query, key, value, mask)
             if cfg.attention_witness:
-                attention.witness_in_jit(weights, mask)
+                attention.witness_in_jit(weights, jnp.swapaxes(mask, 2, 3))
         elif cfg.attention_impl == "blockwise":
             key, value = self._project(inputs_kv, key_kernel), self._project(inputs_kv, value_kernel)
             out = blockwise_attention.blockwise_attention(
@@ -359,7 +359,10 @@ class Decoder(nn.Module):
         """
         cfg = self.config
         cross_mask = attention.padding_mask(None, inputs)  # [B, 1, 1, S]
-        self_mask = self._ancestry_mask(decoder_input_tokens.shape[0]) if cfg.decode else None
+        self_mask = None
+        if cfg.decode:  # keys first (attention.decode_attention)
+            cross_mask = jnp.swapaxes(cross_mask, 2, 3)  # [B, 1, S, 1]
+            self_mask = self._ancestry_mask(decoder_input_tokens.shape[0])
         x = AddPositions(cfg, name="positions")(self.embed(decoder_input_tokens))
         x = self.perturb("embedded", x)  # identity; lets tests take gradients w.r.t. the inputs
         x = nn.Dropout(cfg.dropout_rate, deterministic=cfg.deterministic)(x)
@@ -379,7 +382,7 @@ class Decoder(nn.Module):
         (``evaluation.kv_cache``), never the keys and values.
 
         Returns:
-          bool[batch, 1, beams, beams * cache_len]: slot j, position t (index ``j * cache_len + t``)
+          bool[batch, 1, beams * cache_len, beams]: slot j, position t (index ``j * cache_len + t``)
           is allowed for beam k iff t <= the step and ``ancestry[b * beams + k, t] == j``.
         """
         cfg = self.config
@@ -392,10 +395,10 @@ class Decoder(nn.Module):
             own_slot = (jnp.arange(rows, dtype=jnp.int32) % beams)[:, None]  # [rows, 1]
             ancestry.value = jax.lax.dynamic_update_slice_in_dim(ancestry.value, own_slot, index, 1)
             cache_index.value = index + 1
-        slots = ancestry.value.reshape(rows // beams, beams, 1, cache_len)  # [B, K, 1, T]
-        written = (jnp.arange(cache_len) <= index)[None, None, None, :]  # [1, 1, 1, T]
-        mask = (slots == jnp.arange(beams)[None, None, :, None]) & written  # [B, K, J, T]
-        return mask.reshape(rows // beams, 1, beams, beams * cache_len)
+        slots = jnp.swapaxes(ancestry.value.reshape(rows // beams, beams, cache_len), 1, 2)  # [B, T, K]
+        written = (jnp.arange(cache_len) <= index)[None, None, :, None]  # [1, 1, T, 1]
+        mask = (slots[:, None] == jnp.arange(beams)[None, :, None, None]) & written  # [B, J, T, K]
+        return mask.reshape(rows // beams, 1, beams * cache_len, beams)
 
 
 class Transformer(nn.Module):
