@@ -18,6 +18,7 @@ from transformer_jax.checkpoints import manager as ckpt_lib
 from transformer_jax.checkpoints.averaging import average_checkpoints
 from transformer_jax.checkpoints.integrity import CheckpointMismatchError, NonFiniteStateError
 from transformer_jax.checkpoints.manager import Checkpointer
+from transformer_jax.checkpoints.reader import DAMAGED_SUFFIX
 
 
 @struct.dataclass
@@ -223,7 +224,7 @@ def test_damaged_latest_falls_back_to_previous(tmp_path, caplog, how):
     assert any("step 3" in m and str(tmp_path) in m and "damaged" in m for m in warnings), warnings
     # The damaged step is moved aside, so the resumed run can write step 3 again.
     assert ckpt.all_steps() == [1, 2]
-    assert glob.glob(f"{tmp_path}/3{ckpt_lib.DAMAGED_SUFFIX}-*")
+    assert glob.glob(f"{tmp_path}/3{DAMAGED_SUFFIX}-*")
     assert ckpt.save(3, make_state(30.0, 3), data_state={"pos": 3}, config={}, force=True)
     ckpt.close()
     with new_checkpointer(tmp_path) as again:
@@ -357,7 +358,7 @@ def test_bit_flip_is_detected_and_falls_back_like_other_damage(tmp_path, caplog)
     assert_trees_equal(restored.params, big_state(2).params)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("step 3" in m and "damaged" in m and "checksum" in m for m in warnings), warnings
-    assert glob.glob(f"{tmp_path}/3{ckpt_lib.DAMAGED_SUFFIX}-*")
+    assert glob.glob(f"{tmp_path}/3{DAMAGED_SUFFIX}-*")
 
 
 def test_digest_sees_every_single_element_change_and_counts_non_finite():

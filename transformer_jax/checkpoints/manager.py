@@ -10,15 +10,14 @@ A checkpoint directory holds one sub-directory per step (``<directory>/<step>/``
 * ``integrity`` - JSON: per array its shape, dtype and checksum (``checkpoint_checks.state_digest``), hashes
   of the other two items, and the caller's metadata (train.py: the tokenizer's sha256).
 
-Averaging the last N checkpoints (paper section 6.1) is in ``averaging.py``.
+Restoring (listing steps, falling back past damaged ones) is ``reader.CheckpointReader``, which
+:class:`Checkpointer` extends with saving; averaging the last N checkpoints (paper section 6.1) is in
+``averaging.py``.
 
 Robustness: a state holding NaN/inf is never saved (``NonFiniteStateError``). A save killed mid-way
 (``kill -9``, preemption) leaves ``<step>.orbax-checkpoint-tmp*`` directories; :class:`Checkpointer` deletes
-them on start. A damaged latest checkpoint (truncated files, missing metadata, or arrays whose checksums
-changed) is skipped with a warning and the previous step is used. Arrays shaped for another model are not
-damage: that raises ``CheckpointMismatchError`` before any array is read. A step deleted while being read
-(``max_to_keep`` of a running trainer) is skipped for the newest step that exists. (The workdir lock is in
-``workdir_lock.py``, the SIGTERM handling in ``preemption.py``.)
+them on start. A damaged latest checkpoint is skipped with a warning and the previous step is used
+(``reader.py``). (The workdir lock is in ``workdir_lock.py``, the SIGTERM handling in ``preemption.py``.)
 
 A full disk: an asynchronous save fails in the background and orbax reports it only at the next save or
 at ``wait_until_finished``. Either way (and for a synchronous failure inside ``save``) the partial
@@ -36,7 +35,6 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -45,24 +43,22 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from transformer_jax.checkpoints import integrity as checks
-from transformer_jax.checkpoints.integrity import (
-    CheckpointMismatchError,
-    NonFiniteStateError,
-    NoUsableCheckpointError,
+from transformer_jax.checkpoints.integrity import NonFiniteStateError
+from transformer_jax.checkpoints.reader import (
+    CONFIG_ITEM,
+    DATA_ITEM,
+    INTEGRITY_ITEM,
+    STATE_ITEM,
+    CheckpointReader,
 )
 from transformer_jax.runtime import disk
 from transformer_jax.runtime.errors import DiskFullError, MissingFileError, short_error
-from transformer_jax.runtime.sharding import with_default_sharding
 
 _log = logging.getLogger(__name__)
 
 # Orbax writes a save into "<step>.orbax-checkpoint-tmp" (older releases: "...-tmp-<timestamp>") and renames
 # it to "<step>" when the save is complete, so any name containing this suffix is an unfinished save.
 TMP_DIR_SUFFIX = ocp.path.atomicity_types.TMP_DIR_SUFFIX
-# A damaged step directory "<step>" is renamed to "<step>.damaged-<unix time>", which orbax does not list.
-DAMAGED_SUFFIX = ".damaged"
-
-STATE_ITEM, _DATA, _CONFIG, INTEGRITY_ITEM = "state", "data", "config", "integrity"
 # Warn once when the free space holds fewer checkpoints than this (the size is known after the first save).
 SPACE_WARNING_CHECKPOINTS = 3
 
@@ -146,7 +142,7 @@ def _join_orbax_threads(timeout_s: float = 120.0) -> None:
             thread.join(max(0.0, deadline - _now()))
 
 
-class Checkpointer:
+class Checkpointer(CheckpointReader):
     """Saves and restores ``(state, data_state, config)`` at training steps in ``directory``.
 
     Saves are asynchronous by default: :meth:`save` returns once the arrays are copied off the device, and the
@@ -187,19 +183,18 @@ class Checkpointer:
         if time_check_every < 1:
             raise ValueError(f"time_check_every must be >= 1 or None, got {time_check_every!r}")
         self.time_check_every = time_check_every
-        self.directory = os.path.abspath(os.fspath(directory))
         self.save_every_steps = save_every_steps
         self.save_every_minutes = save_every_minutes
-        self.read_only = read_only
-        if read_only and not os.path.isdir(self.directory):
-            raise MissingFileError(f"checkpoint directory {self.directory} does not exist (opened read-only)")
+        directory = os.path.abspath(os.fspath(directory))
+        if read_only and not os.path.isdir(directory):
+            raise MissingFileError(f"checkpoint directory {directory} does not exist (opened read-only)")
 
         if not read_only and jax.process_index() == 0:
-            removed = _remove_tmp_dirs(self.directory)
+            removed = _remove_tmp_dirs(directory)
             if removed:
                 _log.warning(
                     "Removed %d unfinished checkpoint save(s) left by an interrupted run in %s: %s",
-                    len(removed), self.directory, ", ".join(removed))
+                    len(removed), directory, ", ".join(removed))
         if not read_only and jax.process_count() > 1:
             multihost_utils.sync_global_devices("transformer_jax.checkpoints.manager.cleanup")
 
@@ -211,26 +206,14 @@ class Checkpointer:
             create=not read_only,
             read_only=read_only,
         )
-        self._manager = ocp.CheckpointManager(self.directory, options=options)
+        super().__init__(directory, ocp.CheckpointManager(directory, options=options), read_only=read_only)
         self._pending_step: int | None = None  # the step of a save that may still be writing
         self._failed = False  # a save failed: orbax re-raises it at every wait, so close() swallows it
         self._space_checked = False
         # "Since the last save" starts at construction: the first timed save comes one interval into the run.
         self._last_save_time = _now()
-        self._last_saved_step = self._manager.latest_step()
 
     # ----------------------------------------------------------------------------------------------- listing
-    def all_steps(self) -> list[int]:
-        """The finished checkpoint steps, ascending (unfinished tmp directories are never listed)."""
-        if self.read_only:  # another process may be writing; re-read the directory.
-            self._manager.reload()
-        return sorted(int(s) for s in self._manager.all_steps())
-
-    def latest_step(self) -> int | None:
-        """The newest finished step, or None if there is none. Not checked for damage; :meth:`restore` is."""
-        steps = self.all_steps()
-        return steps[-1] if steps else None
-
     def existing_steps(self) -> list[int]:
         """The finished steps on disk now (a fresh directory listing, after any background save ended)."""
         if not self._failed:
@@ -311,8 +294,8 @@ class Checkpointer:
             "metadata": dict(metadata or {}),
         }
         args = ocp.args.Composite(**{
-            STATE_ITEM: ocp.args.StandardSave(state), _DATA: ocp.args.JsonSave(dict(data_state)),
-            _CONFIG: ocp.args.JsonSave(dict(config)), INTEGRITY_ITEM: ocp.args.JsonSave(integrity)})
+            STATE_ITEM: ocp.args.StandardSave(state), DATA_ITEM: ocp.args.JsonSave(dict(data_state)),
+            CONFIG_ITEM: ocp.args.JsonSave(dict(config)), INTEGRITY_ITEM: ocp.args.JsonSave(integrity)})
         self.wait()  # the previous save's failure belongs to its own step (orbax would raise it here)
         try:
             started = bool(self._manager.save(step, args=args, force=True))
@@ -399,202 +382,3 @@ class Checkpointer:
                 raise
             _log.warning("Closing the checkpointer of %s failed: %s", self.directory,
                          str(e) if isinstance(e, DiskFullError) else short_error(e))
-
-    # --------------------------------------------------------------------------------------------- restoring
-    def _read_integrity(self, step: int) -> dict | None:
-        """The ``integrity`` item of ``step``; None for checkpoints written before it existed."""
-        if not os.path.isdir(os.path.join(self.directory, str(step), INTEGRITY_ITEM)):
-            return None
-        integrity = self._manager.restore(
-            step, args=ocp.args.Composite(**{INTEGRITY_ITEM: ocp.args.JsonRestore()}))[INTEGRITY_ITEM]
-        if not isinstance(integrity, dict) or not isinstance(integrity.get("arrays"), dict):
-            raise ValueError(f"item {INTEGRITY_ITEM!r} should hold a JSON object with 'arrays'")
-        return integrity
-
-    def check_shapes(self, step: int, abstract_state: Any, prefix: str = "") -> dict | None:
-        """Checks the saved shapes against ``abstract_state`` before reading arrays; returns the integrity.
-
-        Raises:
-          CheckpointMismatchError: the checkpoint holds another model's arrays (listed, saved vs expected).
-        """
-        integrity = self._read_integrity(step)
-        if integrity is None:
-            return None
-        differences = checks.shape_differences(integrity["arrays"], abstract_state, prefix)
-        if differences:
-            raise CheckpointMismatchError(
-                f"checkpoint step {step} in {self.directory} holds another model's arrays "
-                f"({checks.first_few(differences, 6, '; ')}). "
-                "Use the model config it was trained with, or another workdir.")
-        return integrity
-
-    def _restore_step(self, step: int, abstract_state: Any) -> tuple[Any, dict, dict]:
-        integrity = self.check_shapes(step, abstract_state)
-        target = with_default_sharding(abstract_state)
-        args = ocp.args.Composite(**{STATE_ITEM: ocp.args.StandardRestore(target),
-                                     _DATA: ocp.args.JsonRestore(), _CONFIG: ocp.args.JsonRestore()})
-        restored = self._manager.restore(step, args=args)
-        data_state, config = restored[_DATA], restored[_CONFIG]
-        for name, value in ((_DATA, data_state), (_CONFIG, config)):
-            if not isinstance(value, dict):
-                raise ValueError(f"item {name!r} should hold a JSON object, got {type(value).__name__}")
-        if integrity is not None:
-            if integrity.get("format") == checks.DIGEST_FORMAT:
-                checks.verify_digest(integrity["arrays"], restored[STATE_ITEM])
-            for name, value in ((_DATA, data_state), (_CONFIG, config)):
-                if integrity.get(f"{name}_sha256") not in (None, checks.json_sha256(value)):
-                    raise checks.CorruptCheckpointError(f"item {name!r} changed after the save")
-        return restored[STATE_ITEM], data_state, config
-
-    def _require_step(self, step: int) -> None:
-        steps = self.all_steps()
-        if step not in steps:
-            raise MissingFileError(
-                f"no checkpoint for step {step} in {self.directory}; available steps: {steps or 'none'}")
-
-    def _quarantine(self, steps: Sequence[int]) -> None:
-        """Renames damaged step directories out of orbax's view, so the resumed run can save those steps."""
-        if self.read_only or not steps:
-            return
-        self._manager.wait_until_finished()
-        if jax.process_index() == 0:
-            for step in steps:
-                src = os.path.join(self.directory, str(step))
-                dst = f"{src}{DAMAGED_SUFFIX}-{int(time.time())}"
-                try:
-                    os.rename(src, dst)
-                    _log.warning("Moved damaged checkpoint %s aside to %s", src, dst)
-                except OSError as e:
-                    _log.warning("Could not move damaged checkpoint %s aside: %s", src, short_error(e))
-        if jax.process_count() > 1:
-            multihost_utils.sync_global_devices("transformer_jax.checkpoints.manager.quarantine")
-        self._manager.reload()
-
-    def read_params(self, step: int, abstract_params: Any) -> Any:
-        """Only the parameters of ``step`` (an orbax partial restore): no optimizer moments are read.
-
-        ``abstract_params`` is the ``params`` sub-tree of the saved state's structure. Checksums of the
-        arrays read are verified as in :meth:`restore`.
-        """
-        integrity = self.check_shapes(step, abstract_params, prefix="params")
-        target = {"params": with_default_sharding(abstract_params)}
-        restore_args = ocp.checkpoint_utils.construct_restore_args(target)
-        restored = self._manager.restore(step, args=ocp.args.Composite(**{STATE_ITEM: ocp.args.PyTreeRestore(
-            target, restore_args=restore_args, partial_restore=True)}))[STATE_ITEM]
-        if integrity is not None and integrity.get("format") == checks.DIGEST_FORMAT:
-            checks.verify_digest(integrity["arrays"], restored)
-        return restored["params"]
-
-    def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, dict, dict, int]:
-        """Restores ``(state, data_state, config, step)``.
-
-        Args:
-          abstract_state: the state's structure: a pytree of ``jax.ShapeDtypeStruct`` (with ``.sharding`` for
-            sharded arrays, e.g. from ``jax.eval_shape`` plus the mesh's shardings) or of real arrays.
-          step: the step to restore; None means the newest step that restores cleanly. A damaged newest step
-            is skipped with a warning naming the directory, step and error, and (unless read-only) renamed to
-            ``<step>.damaged-<time>`` once an older step restored, so the resumed run can write it again.
-            A step deleted while read (a trainer's ``max_to_keep``) is skipped for the newest that exists.
-
-        Raises:
-          FileNotFoundError: no checkpoints, or ``step`` is not among them.
-          CheckpointMismatchError: the saved arrays have other shapes than ``abstract_state`` (not damage).
-          RuntimeError: the explicitly requested ``step`` is damaged, or (step None) no step restores; the
-            message names the directory, the steps tried and their errors.
-        """
-        (state, data_state, config), step = self._read_good_step(
-            lambda s: self._restore_step(s, abstract_state), step, "abstract_state")
-        return state, data_state, config, step
-
-    def restore_params(self, abstract_params: Any, step: int | None = None) -> tuple[Any, int]:
-        """``(params, step)``: the parameters alone (:meth:`read_params`), with :meth:`restore`'s fallback."""
-        return self._read_good_step(lambda s: self.read_params(s, abstract_params), step, "abstract_params")
-
-    def _read_good_step(self, read: Callable[[int], Any], step: int | None,
-                        target_name: str) -> tuple[Any, int]:
-        """``(read(step), step)``; with ``step`` None, the newest step that reads, skipping damaged ones."""
-        if step is not None:
-            self._require_step(step)
-            try:
-                value = read(step)
-            except CheckpointMismatchError:
-                raise
-            except Exception as e:
-                raise RuntimeError(
-                    f"checkpoint step {step} in {self.directory} could not be restored ({short_error(e)}); "
-                    f"available steps: {self.all_steps()}"
-                ) from e
-            self._last_saved_step = max(step, self._last_saved_step or step)
-            return value, step
-
-        if not self.all_steps():
-            raise MissingFileError(f"no checkpoints to restore in {self.directory}")
-        failed: list[tuple[int, Exception]] = []
-        while candidates := [s for s in self.all_steps() if s not in {f for f, _ in failed}]:
-            candidate = candidates[-1]
-            try:
-                value = read(candidate)
-            except CheckpointMismatchError:
-                raise
-            # Damage shows up as ValueError, OSError, JSONDecodeError, tensorstore or checksum errors.
-            except Exception as e:
-                if not os.path.isdir(os.path.join(self.directory, str(candidate))):
-                    _log.warning("Checkpoint step %d in %s was removed while it was read (a running trainer "
-                                 "keeps only its newest checkpoints); taking the newest one that exists",
-                                 candidate, self.directory)
-                    failed.append((candidate, None))
-                    continue
-                _log.warning(
-                    "Checkpoint step %d in %s is damaged and was skipped (%s); trying an older step",
-                    candidate, self.directory, short_error(e))
-                failed.append((candidate, e))
-                continue
-            # Only once an older step worked: if all fail the cause is more likely the target than the files.
-            self._quarantine([s for s, e in failed if e is not None])
-            self._last_saved_step = max(candidate, self._last_saved_step or candidate)
-            return value, candidate
-        errors = [(s, e) for s, e in failed if e is not None]
-        details = "; ".join(f"step {s}: {short_error(e, 200)}" for s, e in errors)
-        raise NoUsableCheckpointError(
-            f"no checkpoint in {self.directory} could be restored (tried steps {[s for s, _ in failed]}): "
-            f"{details}. If every step fails the same way, check that {target_name} matches the saved state "
-            "(model config)."
-        ) from (errors[0][1] if errors else None)
-
-    def saved_info(self, step: int | None = None) -> tuple[int, dict, dict]:
-        """``(step, config, metadata)`` of ``step`` (default: the newest step whose config reads); no arrays.
-
-        ``metadata`` is what :meth:`save` was given (empty for checkpoints older than the integrity item).
-        """
-        if step is not None:
-            self._require_step(step)
-        candidates = [step] if step is not None else list(reversed(self.all_steps()))
-        if not candidates:
-            raise MissingFileError(f"no checkpoints to read a config from in {self.directory}")
-        errors = []
-        for candidate in candidates:
-            try:
-                config = self._manager.restore(
-                    candidate, args=ocp.args.Composite(config=ocp.args.JsonRestore())
-                )[_CONFIG]
-                if not isinstance(config, dict):
-                    raise ValueError(f"expected a JSON object, got {type(config).__name__}")
-                integrity = self._read_integrity(candidate) or {}
-                return candidate, config, dict(integrity.get("metadata", {}))
-            except Exception as e:
-                if step is not None:
-                    raise RuntimeError(
-                        f"config of checkpoint step {step} in {self.directory} could not be read "
-                        f"({short_error(e)})"
-                    ) from e
-                if not os.path.isdir(os.path.join(self.directory, str(candidate))):
-                    continue  # removed by a running trainer while we read it
-                _log.warning(
-                    "Config of checkpoint step %d in %s is damaged (%s); trying an older step",
-                    candidate, self.directory, short_error(e))
-                errors.append(f"step {candidate}: {short_error(e, 200)}")
-        raise NoUsableCheckpointError(f"no readable config in {self.directory}: {'; '.join(errors)}")
-
-    def restore_config(self, step: int | None = None) -> dict:
-        """Only the run config of ``step`` (default: the newest step whose config reads); no arrays."""
-        return self.saved_info(step)[1]
