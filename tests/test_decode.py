@@ -167,11 +167,11 @@ def test_grow_cache_pads_only_the_position_axes(tiny):
                                 strict=True):
         name = path[-1].key
         names.add(name)
-        if name in ("cached_key", "cached_value"):  # [batch, heads, beams, cache_len, d]
-            assert old.shape[:4] == (BATCH, cfg.num_heads, beams, 3)
-            assert new.shape == old.shape[:3] + (8,) + old.shape[4:]
-            np.testing.assert_array_equal(new[:, :, :, :3], old)
-            assert not np.any(np.asarray(new[:, :, :, 3:]))
+        if name in ("cached_key", "cached_value"):  # [batch, heads, cache_len * beams, d], position-major
+            assert old.shape[:3] == (BATCH, cfg.num_heads, 3 * beams)
+            assert new.shape == old.shape[:2] + (8 * beams,) + old.shape[3:]
+            np.testing.assert_array_equal(new[:, :, :3 * beams], old)
+            assert not np.any(np.asarray(new[:, :, 3 * beams:]))
         elif name == "ancestry":  # [batch * beams, cache_len]
             assert old.shape == (BATCH * beams, 3) and new.shape == (BATCH * beams, 8)
             np.testing.assert_array_equal(new[:, :3], old)

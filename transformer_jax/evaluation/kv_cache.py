@@ -23,8 +23,9 @@ from transformer_jax.model.transformer import Transformer, shift_right
 Array = jax.Array
 
 # The cache leaves that grow with the output, and their position axis: the self-attention buffers
-# [batch, heads, beams, cache_len, d_k|d_v] and the ancestry table [batch * beams, cache_len].
-_POSITION_AXIS = {"cached_key": 3, "cached_value": 3, "ancestry": 1}
+# [batch, heads, cache_len * beams, d_k|d_v] (position-major, so padding the axis adds positions) and
+# the ancestry table [batch * beams, cache_len].
+_POSITION_AXIS = {"cached_key": 2, "cached_value": 2, "ancestry": 1}
 # The first phase's cache holds the source length plus this many positions (see the module docstring).
 FIRST_CACHE_EXTRA = 16
 
@@ -59,8 +60,8 @@ def init_cache(model_config: ModelConfig, params: Any, encoded: Array, inputs: A
       beams: decoder rows per example (``batch * beams`` rows in all).
 
     Returns:
-      The "cache" collection, per decoder layer: self-attention keys/values [batch, heads, beams,
-      cache_len, d_k|d_v] (zeros), cross-attention keys/values [batch, heads, src_len, d_k|d_v];
+      The "cache" collection, per decoder layer: self-attention keys/values [batch, heads, cache_len
+      * beams, d_k|d_v] (zeros), cross-attention keys/values [batch, heads, src_len, d_k|d_v];
       the ancestry table int32[batch * beams, cache_len] (zeros) and scalar int32 indices (0).
     """
     cfg = _decode_config(model_config, cache_len, beams)
@@ -76,21 +77,25 @@ def _leaf_name(path) -> str | None:
 
 def _cache_shape(cache: Any) -> tuple[int, int]:
     """(cache_len, beams) of a cache built by :func:`init_cache`."""
-    for path, leaf in jax.tree_util.tree_flatten_with_path(cache)[0]:
-        if _leaf_name(path) == "cached_key":
-            return leaf.shape[3], leaf.shape[2]  # [batch, heads, beams, cache_len, d_k]
-    raise ValueError("the cache holds no 'cached_key' leaf; build it with init_cache")
+    shapes = {_leaf_name(path): leaf.shape for path, leaf in jax.tree_util.tree_flatten_with_path(cache)[0]}
+    if "cached_key" not in shapes or "ancestry" not in shapes:
+        raise ValueError("the cache holds no 'cached_key' or 'ancestry' leaf; build it with init_cache")
+    batch = shapes["cached_key"][0]  # [batch, heads, cache_len * beams, d_k]
+    rows, cache_len = shapes["ancestry"]  # [batch * beams, cache_len]
+    return cache_len, rows // batch
 
 
 def grow_cache(cache: Any, cache_len: int) -> Any:
     """The cache with its self-attention buffers and ancestry zero-padded to ``cache_len`` positions
     (indices and encoder keys/values kept)."""
+    old_len, beams = _cache_shape(cache)
+
     def pad(path, x):
-        axis = _POSITION_AXIS.get(_leaf_name(path))
-        if axis is None:
+        name = _leaf_name(path)
+        if name not in _POSITION_AXIS:
             return x
         widths = [(0, 0)] * x.ndim
-        widths[axis] = (0, cache_len - x.shape[axis])
+        widths[_POSITION_AXIS[name]] = (0, (cache_len - old_len) * (1 if name == "ancestry" else beams))
         return jnp.pad(x, widths)
     return jax.tree_util.tree_map_with_path(pad, cache)
 
