@@ -18,7 +18,6 @@ from transformer_jax.data.batching import (
 from transformer_jax.data.config import (
     check_tokens_per_batch,
     default_data_config,
-    tree_leaves,
     validate_data_config,
 )
 from transformer_jax.data.eval_batches import EvalBatch, make_eval_batches
@@ -40,7 +39,6 @@ from transformer_jax.data.tokenizer import Tokenizer, load_or_train_tokenizer
 from transformer_jax.data.treebank import TreebankSource, is_parsing
 
 __all__ = [
-    "tree_leaves",
     "EvalBatch",
     "Source",
     "SyntheticSource",

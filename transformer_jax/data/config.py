@@ -207,9 +207,9 @@ def validate_data_config(cfg: Any) -> None:
         raise ConfigError(f"data_config.character_coverage must be in [0.9, 1], got {coverage!r}")
     if source in ("ptb", "synthetic_trees") and not isinstance(cfg.keep_pos_tags, bool):
         raise ConfigError(f"data_config.keep_pos_tags must be a bool, got {cfg.keep_pos_tags!r}")
-    if source in ("ptb", "synthetic_trees") and tree_leaves(cfg) not in TREE_LEAVES:
+    if source in ("ptb", "synthetic_trees") and cfg.tree_leaves not in TREE_LEAVES:
         raise ConfigError(
-            f"data_config.tree_leaves must be one of {TREE_LEAVES}, got {tree_leaves(cfg)!r}")
+            f"data_config.tree_leaves must be one of {TREE_LEAVES}, got {cfg.tree_leaves!r}")
     if source == "ptb":
         _validate_ptb(cfg)
     elif source in ("synthetic", "synthetic_trees"):
@@ -226,11 +226,6 @@ def validate_data_config(cfg: Any) -> None:
             raise ConfigError(
                 f"data_config.src_lang and tgt_lang must differ, both are {cfg.src_lang!r}"
             )
-
-
-def tree_leaves(cfg: Any) -> str:
-    """A parsing config's `tree_leaves` ('tags' when the field is absent, as in older configs)."""
-    return getattr(cfg, "tree_leaves", "tags")
 
 
 def _validate_ptb(cfg: Any) -> None:

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import sentencepiece as spm
 
-from transformer_jax.data.config import tree_leaves, validate_data_config
+from transformer_jax.data.config import validate_data_config
 from transformer_jax.data.sources import get_source
 from transformer_jax.data.trees import bracket_tokens, is_bracket
 from transformer_jax.model.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -144,7 +144,7 @@ def _user_symbols(data_config: Any) -> list[str]:
     """The bracket tokens of the train trees when the target's leaves are the words, else []."""
     if getattr(data_config, "source", None) not in ("ptb", "synthetic_trees"):
         return []
-    if tree_leaves(data_config) != "words":
+    if data_config.tree_leaves != "words":
         return []
     return bracket_tokens(get_source(data_config).trees("train"))
 

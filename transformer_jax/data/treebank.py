@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from transformer_jax.data.config import tree_leaves
 from transformer_jax.data.pcfg import pcfg_trees
 from transformer_jax.data.trees import Tree, linearize, read_treebank
 
@@ -46,7 +45,7 @@ class TreebankSource:
     @classmethod
     def from_config(cls, data_config: Any) -> TreebankSource:
         keep_pos = bool(data_config.keep_pos_tags)
-        kwargs = dict(keep_pos=keep_pos, copy_words=tree_leaves(data_config) == "words")
+        kwargs = dict(keep_pos=keep_pos, copy_words=data_config.tree_leaves == "words")
         if data_config.source == "ptb":
             ranges = {
                 "train": data_config.ptb_train_files,

@@ -139,7 +139,7 @@ def score_batches(params, model_config: ModelConfig, tokenizer, data_config, spl
     indices = sorted(int(i) for b in batches for i in b.indices)
     trees = data_lib.get_source(data_config).trees(split)
     gold = [trees[i] for i in indices]
-    copy_words = data_lib.tree_leaves(data_config) == "words"
+    copy_words = data_config.tree_leaves == "words"
     outputs = decode_split(params, model_config, tokenizer, batches, beam_size=beam_size, alpha=alpha,
                            max_extra_len=max_extra_len, cache_budget_bytes=cache_budget_bytes,
                            words=[t.words() for t in trees] if copy_words else None,
