@@ -6,16 +6,16 @@ import json
 import math
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import sacrebleu
 import sacremoses
+from shared_data import SHARED_DATA
 
 from transformer_jax.evaluation import bleu
 
 ATAT = "##AT##-##AT##"
-SHARED_MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+SHARED_MULTI30K = SHARED_DATA / "multi30k"
 
 # Two sentences of plain lowercase words, so that 13a and Moses tokenization both leave them as they are.
 HYP = ["the cat is on the mat", "there is a cat on the mat"]

@@ -3,10 +3,10 @@
 import collections
 import json
 import logging
-from pathlib import Path
 
 import numpy as np
 import pytest
+from shared_data import SHARED_DATA
 
 from transformer_jax.data import (
     default_data_config,
@@ -19,8 +19,6 @@ from transformer_jax.data import (
 from transformer_jax.data.batching import bucket_batch_sizes, gather_padded
 from transformer_jax.data.eval_batches import extended_buckets
 from transformer_jax.model.special_ids import EOS_ID, PAD_ID
-
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 # Odd sizes everywhere: 997 train pairs, 3 processes, budget 1001 tokens.
 _CFG = dict(

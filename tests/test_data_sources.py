@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import tensorflow_datasets as tfds
+from shared_data import SHARED_DATA
 
 from transformer_jax.data import default_data_config, get_source, sources
 from transformer_jax.data.config import DataConfig
@@ -15,8 +16,6 @@ from transformer_jax.data.sources import (
     normalize_whitespace,
     read_parallel,
 )
-
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def _write(path: Path, lines: list[str]) -> None:

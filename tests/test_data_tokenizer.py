@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from shared_data import SHARED_DATA
 
 import transformer_jax.data.tokenizer as tokenizer_lib
 from transformer_jax.data import (
@@ -14,8 +15,6 @@ from transformer_jax.data import (
 )
 from transformer_jax.model.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from transformer_jax.runtime.errors import ConfigError
-
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def _synthetic_config(**overrides):

@@ -1,14 +1,14 @@
 """Parsing sources (transformer_jax/data/treebank.py) and their data_config fields."""
 
-from pathlib import Path
 
 import pytest
+from shared_data import SHARED_DATA
 
 from transformer_jax.data import default_data_config, get_source, load_or_train_tokenizer, make_train_iterator
 from transformer_jax.data.treebank import TreebankSource, is_parsing
 from transformer_jax.data.trees import delinearize, parse_trees
 
-PTB_SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "ptb_sample"
+PTB_SAMPLE = SHARED_DATA / "ptb_sample"
 SAMPLE_SPLIT = dict(ptb_train_files="0001-0159", ptb_dev_files="0160-0179", ptb_test_files="0180-0199")
 
 

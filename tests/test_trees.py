@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+from shared_data import SHARED_DATA
 
 from transformer_jax.data import pcfg
 from transformer_jax.data.trees import (
@@ -19,7 +20,7 @@ from transformer_jax.data.trees import (
     strip_label,
 )
 
-PTB_SAMPLE = Path(__file__).resolve().parents[2] / "shared" / "data" / "ptb_sample"
+PTB_SAMPLE = SHARED_DATA / "ptb_sample"
 
 
 def t(text: str) -> Tree:
