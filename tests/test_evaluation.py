@@ -7,18 +7,14 @@ import re
 import jax
 import numpy as np
 import pytest
-from tiny import config_with
+from tiny import config_with, untrained_workdir
 
 from transformer_jax import data as data_lib
-from transformer_jax import run_config
 from transformer_jax.checkpoints import restore
-from transformer_jax.checkpoints.manager import Checkpointer
 from transformer_jax.evaluation import decode, scoring
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import PAD_ID
-from transformer_jax.runtime import sharding
-from transformer_jax.training import train_state
 
 VOCAB = 23
 
@@ -107,23 +103,7 @@ def workdir(tmp_path_factory):
     """A train.py-shaped workdir without training: a tokenizer and checkpoints 1, 2, 3 of the initial
     state, each parameter scaled by its step, so their average is known."""
     workdir = str(tmp_path_factory.mktemp("workdir"))
-    config = config_with(TINY)
-    tokenizer = data_lib.load_or_train_tokenizer(config.data, workdir)
-    run = run_config.build_run_config(config).with_vocab_size(tokenizer.vocab_size)
-    model_config = run.model
-    mesh = sharding.make_mesh((1, 1), jax.devices()[:1])
-    schedule = train_state.schedule_from_config(run.train, model_config.d_model)
-    state, _ = train_state.create_train_state(
-        model_config, train_state.make_optimizer(run.train, schedule), mesh, (), seed=0)
-    saved = {}
-    with Checkpointer(restore.checkpoint_dir(workdir), save_every_steps=None,
-                      save_every_minutes=None) as ckpt:
-        for step in (1, 2, 3):
-            scaled = state.replace(step=state.step + step,
-                                   params=jax.tree.map(lambda p, s=step: p * s, state.params))
-            saved[step] = jax.tree.map(np.asarray, scaled.params)
-            ckpt.save(step, scaled, data_state={}, config=json.loads(config.to_json_best_effort()),
-                      force=True)
+    saved = untrained_workdir(config_with(TINY), workdir, steps=(1, 2, 3))
     return workdir, saved
 
 

@@ -9,19 +9,15 @@ import sys
 import jax
 import numpy as np
 import pytest
-from tiny import config_with
+from tiny import config_with, untrained_workdir
 
 from transformer_jax import data as data_lib
-from transformer_jax import run_config
 from transformer_jax.checkpoints import restore
-from transformer_jax.checkpoints.manager import Checkpointer
 from transformer_jax.evaluation import decode, scoring, translation
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import EOS_ID, PAD_ID
-from transformer_jax.runtime import sharding
 from transformer_jax.runtime.errors import DataError
-from transformer_jax.training import train_state
 
 VOCAB = 29
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -194,18 +190,7 @@ TINY = {
 def workdir(tmp_path_factory):
     """A train.py-shaped workdir without training: a tokenizer and checkpoint 1 of the initial state."""
     workdir = str(tmp_path_factory.mktemp("workdir"))
-    config = config_with(TINY)
-    tokenizer = data_lib.load_or_train_tokenizer(config.data, workdir)
-    run = run_config.build_run_config(config).with_vocab_size(tokenizer.vocab_size)
-    model_config = run.model
-    mesh = sharding.make_mesh((1, 1), jax.devices()[:1])
-    schedule = train_state.schedule_from_config(run.train, model_config.d_model)
-    state, _ = train_state.create_train_state(
-        model_config, train_state.make_optimizer(run.train, schedule), mesh, (), seed=0)
-    with Checkpointer(restore.checkpoint_dir(workdir), save_every_steps=None,
-                      save_every_minutes=None) as ckpt:
-        ckpt.save(1, state.replace(step=state.step + 1), data_state={},
-                  config=json.loads(config.to_json_best_effort()), force=True)
+    untrained_workdir(config_with(TINY), workdir)
     return workdir
 
 

@@ -1,12 +1,16 @@
 """Shared by the end-to-end tests: the default config with overrides, locked like train.py locks it."""
 
+import json
+
 import jax
 import numpy as np
 
 from configs import default as default_config
+from transformer_jax import data as data_lib
 from transformer_jax import run_config
 from transformer_jax.checkpoints import restore
 from transformer_jax.checkpoints.manager import Checkpointer
+from transformer_jax.runtime import sharding
 from transformer_jax.training import train_state
 
 
@@ -35,3 +39,25 @@ def saved_state(config, workdir, step: int):
         state, data_state, _, restored = ckpt.restore(target, step)
     assert restored == step
     return [np.asarray(x) for x in jax.tree.leaves(state.params)], data_state
+
+
+def untrained_workdir(config, workdir: str, steps=(1,)) -> dict:
+    """A train.py-shaped ``workdir`` without training: the tokenizer, and at each of ``steps`` a
+    checkpoint of the initial state with every parameter multiplied by the step (so an average of
+    checkpoints is known). Returns {step: params as NumPy arrays}."""
+    tokenizer = data_lib.load_or_train_tokenizer(config.data, workdir)
+    run = run_config.build_run_config(config).with_vocab_size(tokenizer.vocab_size)
+    mesh = sharding.make_mesh((1, 1), jax.devices()[:1])
+    schedule = train_state.schedule_from_config(run.train, run.model.d_model)
+    state, _ = train_state.create_train_state(
+        run.model, train_state.make_optimizer(run.train, schedule), mesh, (), seed=0)
+    saved = {}
+    with Checkpointer(restore.checkpoint_dir(workdir), save_every_steps=None,
+                      save_every_minutes=None) as ckpt:
+        for step in steps:
+            scaled = state.replace(step=state.step + step,
+                                   params=jax.tree.map(lambda p, s=step: p * s, state.params))
+            saved[step] = jax.tree.map(np.asarray, scaled.params)
+            ckpt.save(step, scaled, data_state={}, config=json.loads(config.to_json_best_effort()),
+                      force=True)
+    return saved
