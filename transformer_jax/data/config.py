@@ -33,6 +33,9 @@ Fields (all read by attribute access):
     tree_leaves             ptb, synthetic_trees: 'tags' (the leaves are XX or the tags, see
                             keep_pos_tags; the paper's linearization) or 'words' (the leaves are
                             the input words and decoding copies them: see docs/parsing.md)
+    tree_augment_copies     ptb, synthetic_trees: extra training trees per training tree, each
+                            with one constituent swapped for another of the same label
+                            (data/tree_augment.py); 0 trains on the treebank as it is
 
 Optional (defaults apply when absent):
 
@@ -124,6 +127,7 @@ class DataConfig:
     ptb_test_files: str = "23"
     keep_pos_tags: bool = False
     tree_leaves: str = "tags"
+    tree_augment_copies: int = 0
     character_coverage: float = 1.0
 
     @classmethod
@@ -210,6 +214,11 @@ def validate_data_config(cfg: Any) -> None:
     if source in ("ptb", "synthetic_trees") and cfg.tree_leaves not in TREE_LEAVES:
         raise ConfigError(
             f"data_config.tree_leaves must be one of {TREE_LEAVES}, got {cfg.tree_leaves!r}")
+    if source in ("ptb", "synthetic_trees") and (
+            not isinstance(cfg.tree_augment_copies, int) or cfg.tree_augment_copies < 0):
+        raise ConfigError(
+            f"data_config.tree_augment_copies must be an int >= 0 (0: no augmentation), got"
+            f" {cfg.tree_augment_copies!r}")
     if source == "ptb":
         _validate_ptb(cfg)
     elif source in ("synthetic", "synthetic_trees"):

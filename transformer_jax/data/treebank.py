@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from transformer_jax.data.pcfg import pcfg_trees
+from transformer_jax.data.tree_augment import substituted_trees
 from transformer_jax.data.trees import Tree, linearize, read_treebank
 
 PARSING_SOURCES = ("ptb", "synthetic_trees")
@@ -35,17 +36,20 @@ class TreebankSource:
     Built by `from_config` (or directly with a `load(split) -> list[Tree]` function).
     """
 
-    def __init__(self, load, *, keep_pos: bool = False, copy_words: bool = False):
+    def __init__(self, load, *, keep_pos: bool = False, copy_words: bool = False,
+                 augment_copies: int = 0):
         self._load = load
         self.keep_pos = keep_pos
         self.copy_words = copy_words
+        self.augment_copies = augment_copies
         self._trees: dict[str, list[Tree]] = {}
         self._pairs: dict[str, list[tuple[str, str]]] = {}
 
     @classmethod
     def from_config(cls, data_config: Any) -> TreebankSource:
         keep_pos = bool(data_config.keep_pos_tags)
-        kwargs = dict(keep_pos=keep_pos, copy_words=data_config.tree_leaves == "words")
+        kwargs = dict(keep_pos=keep_pos, copy_words=data_config.tree_leaves == "words",
+                      augment_copies=data_config.tree_augment_copies)
         if data_config.source == "ptb":
             ranges = {
                 "train": data_config.ptb_train_files,
@@ -75,11 +79,18 @@ class TreebankSource:
         return self._trees[split]
 
     def pairs(self, split: str) -> list[tuple[str, str]]:
-        """(space-joined words, space-joined target tokens), aligned with `trees(split)`."""
+        """(space-joined words, space-joined target tokens), aligned with `trees(split)`.
+
+        The train split is followed by its `augment_copies` substituted trees per tree
+        (`tree_augment.substituted_trees`), if any.
+        """
         if split not in self._pairs:
+            trees = self.trees(split)
+            if split == "train" and self.augment_copies:
+                trees = [*trees, *substituted_trees(trees, self.augment_copies)]
             self._pairs[split] = [
                 (" ".join(words), " ".join(tokens))
                 for words, tokens in (linearize(t, keep_pos=self.keep_pos, copy_words=self.copy_words)
-                                      for t in self.trees(split))
+                                      for t in trees)
             ]
         return self._pairs[split]
