@@ -88,7 +88,7 @@ def test_source_augments_only_the_train_split():
         assert augmented.pairs(split) == plain.pairs(split)
 
 
-@pytest.mark.parametrize("value", [-1, 1.5, "2"])
+@pytest.mark.parametrize("value", [-1, 1.5, "2", True])
 def test_bad_copies_are_refused(value):
     cfg = default_data_config(source="synthetic_trees", tree_augment_copies=value)
     with pytest.raises(ConfigError, match="tree_augment_copies must be an int >= 0"):

@@ -215,7 +215,8 @@ def validate_data_config(cfg: Any) -> None:
         raise ConfigError(
             f"data_config.tree_leaves must be one of {TREE_LEAVES}, got {cfg.tree_leaves!r}")
     if source in ("ptb", "synthetic_trees") and (
-            not isinstance(cfg.tree_augment_copies, int) or cfg.tree_augment_copies < 0):
+            isinstance(cfg.tree_augment_copies, bool) or not isinstance(cfg.tree_augment_copies, int)
+            or cfg.tree_augment_copies < 0):
         raise ConfigError(
             f"data_config.tree_augment_copies must be an int >= 0 (0: no augmentation), got"
             f" {cfg.tree_augment_copies!r}")
