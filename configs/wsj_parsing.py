@@ -34,6 +34,8 @@ def get_config():
     config.data.max_len = 512  # linearized trees: ~3 target tokens per word; longer pairs are dropped
     config.data.tokens_per_batch = paper.TOKENS_PER_BATCH  # ~25k source + 25k target tokens, as EN-DE base
     config.data.length_buckets = (32, 64, 96, 128, 160, 192, 256, 320, 384, 512)
+    # A target is ~3x its source: batch pairs by both lengths, so sources are not padded to the target's.
+    config.data.bucket_by_source = True
 
     config.model = default_lib.model_config(
         num_encoder_layers=paper.PARSING_NUM_LAYERS,  # 4 layers (encoder and decoder)

@@ -16,9 +16,10 @@ from transformer_jax.data import (
     make_train_iterator,
     tokenize_pairs,
 )
-from transformer_jax.data.batching import bucket_batch_sizes, gather_padded
+from transformer_jax.data.batching import TokenizedSplit, TrainIterator, bucket_batch_sizes, gather_padded
 from transformer_jax.data.eval_batches import extended_buckets
 from transformer_jax.model.special_ids import EOS_ID, PAD_ID
+from transformer_jax.runtime.errors import ConfigError
 
 # Odd sizes everywhere: 997 train pairs, 3 processes, budget 1001 tokens.
 _CFG = dict(
@@ -91,6 +92,49 @@ def test_bucket_batch_sizes_hand_computed():
 # ----------------------------------------------------------------------------- train batches
 
 
+@pytest.mark.parametrize("by_source", [False, True])
+def test_sources_are_padded_to_the_groups_source_bucket(by_source):
+    """Hand-computed, buckets (4, 8, 12), 24 tokens a batch (rows 6, 3, 2). Pairs (source, target)
+    lengths, EOS included: (2, 3) -> bucket 4; (3, 7), (2, 8) -> bucket 8; (9, 4), (5, 11) -> 12.
+    By default a bucket's sources are padded to the bucket of its longest source: 4, 4, 12. With
+    by_source, (5, 11) is grouped apart from (9, 4) and padded to 8."""
+    lengths = [(2, 3), (3, 7), (2, 8), (9, 4), (5, 11)]
+
+    def side(k):  # ids 2.. then EOS, per pair
+        seqs = [list(range(2, 1 + n[k])) + [EOS_ID] for n in lengths]
+        return (np.array(sum(seqs, []), np.int32),
+                np.concatenate([[0], np.cumsum([len(q) for q in seqs])]).astype(np.int64))
+
+    data = TokenizedSplit(*side(0), *side(1))
+    it = TrainIterator(data, length_buckets=(4, 8, 12), tokens_per_batch=24, seed=0, by_source=by_source)
+    expected = [(2, 12, 12), (3, 4, 8), (6, 4, 4)] + ([(2, 8, 12)] if by_source else [])
+    assert it.shapes == sorted(expected)
+    assert it.batches_per_epoch == len(expected)
+    seen = collections.Counter()
+    for batch in _epoch(it):
+        assert (*batch["inputs"].shape, batch["targets"].shape[1]) in it.shapes
+        for src, tgt in zip(batch["inputs"], batch["targets"], strict=True):
+            if tgt.any():
+                seen[(int((src > 0).sum()), int((tgt > 0).sum()), len(src))] += 1
+    padded_to = {(9, 4): 12, (5, 11): 8 if by_source else 12}
+    assert seen == collections.Counter((s, t, padded_to.get((s, t), 4)) for s, t in lengths)
+
+
+def test_bucket_by_source_pads_each_source_to_its_own_bucket(tok):
+    cfg = _config(bucket_by_source=True)
+    it = make_train_iterator(cfg, tok, seed=3)
+    buckets = list(it.bucket_lengths)
+    batches = _epoch(it)
+    for batch in batches:
+        length = batch["inputs"].shape[1]
+        smaller = buckets[buckets.index(length) - 1] if length != buckets[0] else 0
+        used = (batch["inputs"] > 0).sum(1)
+        assert ((used > smaller) | (used == 0)).all() and (used <= length).all()
+    assert _real_rows(batches) == _example_keys(tokenize_pairs(get_source(cfg).pairs("train"), tok))
+    with pytest.raises(ConfigError, match="bucket_by_source must be a bool"):
+        make_train_iterator(_config(bucket_by_source="yes"), tok, seed=3)
+
+
 def test_epoch_respects_budget_shapes_and_covers_every_example_once(tok):
     cfg = _config()
     it = make_train_iterator(cfg, tok, seed=3)
@@ -101,9 +145,9 @@ def test_epoch_respects_budget_shapes_and_covers_every_example_once(tok):
     for batch in batches:
         inputs, targets = batch["inputs"], batch["targets"]
         assert inputs.dtype == np.int32 and targets.dtype == np.int32
-        assert inputs.shape == targets.shape
-        assert inputs.shape[0] * inputs.shape[1] <= cfg.tokens_per_batch
-        shapes.add(inputs.shape)
+        assert inputs.shape[0] == targets.shape[0] and inputs.shape[1] <= targets.shape[1]
+        assert targets.shape[0] * targets.shape[1] <= cfg.tokens_per_batch
+        shapes.add((*inputs.shape, targets.shape[1]))
     assert shapes <= set(it.shapes) and len(shapes) > 3
     assert _real_rows(batches) == _example_keys(data)
 
@@ -124,7 +168,7 @@ def test_smallest_fitting_bucket_and_few_filler_rows(tok):
     buckets = list(it.bucket_lengths)
     filler = collections.Counter()
     for batch in _epoch(it):
-        length = batch["inputs"].shape[1]
+        length = batch["targets"].shape[1]
         used = np.maximum((batch["inputs"] > 0).sum(1), (batch["targets"] > 0).sum(1))
         real = used > 0
         smaller = buckets[buckets.index(length) - 1] if length != buckets[0] else 0

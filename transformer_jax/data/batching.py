@@ -1,10 +1,15 @@
 """Token-budget bucketed batches, a checkpointable train iterator, process sharding.
 
 Conventions (both sides): the token ids followed by EOS, right-padded with PAD=0, int32.
-Both sides of a pair are padded to the same bucket length L: the smallest of
-`data_config.length_buckets` >= max(len(source)+1, len(target)+1).
+A pair's bucket length L is the smallest of `data_config.length_buckets` >=
+max(len(source)+1, len(target)+1); targets are padded to L. In training, sources are padded to
+S <= L: by default the bucket length of the longest source of any pair in L's bucket (fixed for
+the run, so one program per bucket; for translation it is L in every bucket of Multi30k and of
+the synthetic task), or with `data_config.bucket_by_source` the pair's own source bucket, the
+pairs being grouped by (S, L) (one program per pair of lengths). A parsing target is about 3x
+its source, so padding its source to L would triple the encoder's work.
 
-Token budget (the paper's ~25k source + ~25k target tokens per step): a bucket of length L has
+Token budget (the paper's ~25k source + ~25k target tokens per step): a batch of length L has
 the FIXED global batch size B_L = (tokens_per_batch // L) rounded down to a multiple of
 `batch_multiple` (and at least `batch_multiple`), so B_L * L <= tokens_per_batch on each side
 whenever tokens_per_batch >= batch_multiple * L (a warning is logged otherwise), and jit
@@ -218,13 +223,14 @@ def _check_sharding(process_index: int, process_count: int, batch_multiple: int)
 class TrainIterator:
     """Infinite iterator of process-local train batches; see the module docstring.
 
-    `__next__` returns {"inputs": int32[B_L / process_count, L],
-    "targets": int32[B_L / process_count, L]} where L is the step's bucket length.
+    `__next__` returns {"inputs": int32[B_L / process_count, S],
+    "targets": int32[B_L / process_count, L]} where L is the step's bucket length and S <= L
+    its source length (module docstring).
 
     Attributes:
       num_examples: train pairs kept; num_dropped: pairs longer than max_len (either side,
       EOS included); num_empty: pairs with an empty side; batches_per_epoch; shapes: the
-      process-local (rows, L) of each bucket.
+      process-local (rows, S, L) of each group of pairs batched together.
     """
 
     def __init__(
@@ -238,6 +244,7 @@ class TrainIterator:
         process_count: int = 1,
         batch_multiple: int = 1,
         num_dropped: int = 0,
+        by_source: bool = False,
     ):
         _check_sharding(process_index, process_count, batch_multiple)
         if len(data) == 0:
@@ -254,31 +261,40 @@ class TrainIterator:
             raise ValueError(f"a pair of length {lengths.max()} exceeds the largest bucket")
         self.bucket_lengths = list(length_buckets)
         self.batch_sizes = bucket_batch_sizes(length_buckets, tokens_per_batch, batch_multiple)
-        counts = np.bincount(self._bucket_of, minlength=len(length_buckets))
-        self.batches_per_epoch = int(
-            sum(math.ceil(c / b) for c, b in zip(counts, self.batch_sizes, strict=True))
-        )
-        self.shapes = sorted(
-            {(self.batch_sizes[b] // process_count, self.bucket_lengths[b]) for b in
-             np.flatnonzero(counts)}
-        )  # fmt: skip
+        # Pairs batched together share a group: (target bucket, source bucket) as one int.
+        source_bucket = assign_buckets(data.src_lengths, length_buckets)  # <= the pair's bucket
+        if not by_source:  # the bucket's longest source
+            longest = np.zeros(len(length_buckets), np.int64)
+            np.maximum.at(longest, self._bucket_of, source_bucket)
+            source_bucket = longest[self._bucket_of]
+        self._group_of = self._bucket_of * len(length_buckets) + source_bucket
+        self._groups = np.unique(self._group_of)  # ascending: by target bucket, then source bucket
+        counts = np.bincount(self._group_of)[self._groups]
+        sizes = [self.batch_sizes[g // len(length_buckets)] for g in self._groups]
+        self.batches_per_epoch = int(sum(math.ceil(c / b) for c, b in zip(counts, sizes, strict=True)))
+        self.shapes = sorted({self._shape(g, process_count) for g in self._groups})
         self._epoch, self._step = 0, 0
         self._plan: list[tuple[int, np.ndarray]] | None = None
 
+    def _shape(self, group: int, process_count: int = 1) -> tuple[int, int, int]:
+        """(rows, source length, target length) of a group's batches."""
+        bucket, source_bucket = divmod(int(group), len(self.bucket_lengths))
+        return (self.batch_sizes[bucket] // process_count, self.bucket_lengths[source_bucket],
+                self.bucket_lengths[bucket])
+
     def epoch_plan(self, epoch: int) -> list[tuple[int, np.ndarray]]:
-        """The global batches of `epoch`: (bucket index, int64[B_L] example indices or -1)."""
+        """The global batches of `epoch`: (group, int64[B_L] example indices or -1)."""
         rng = np.random.default_rng([self.seed, epoch])
         order = rng.permutation(self.num_examples)
-        buckets = self._bucket_of[order]
+        groups = self._group_of[order]
         batches = []
-        for b, size in enumerate(self.batch_sizes):
-            members = order[buckets == b]  # shuffled order kept
-            if not len(members):
-                continue
+        for g in self._groups:
+            members = order[groups == g]  # shuffled order kept
+            size = self._shape(g)[0]
             num = math.ceil(len(members) / size)
             padded = np.full(num * size, -1, dtype=np.int64)
             padded[: len(members)] = members
-            batches += [(b, row) for row in padded.reshape(num, size)]
+            batches += [(g, row) for row in padded.reshape(num, size)]
         return [batches[i] for i in rng.permutation(len(batches))]
 
     def __iter__(self) -> TrainIterator:
@@ -287,12 +303,12 @@ class TrainIterator:
     def __next__(self) -> dict[str, np.ndarray]:
         if self._plan is None:
             self._plan = self.epoch_plan(self._epoch)
-        bucket, rows = self._plan[self._step]
+        group, rows = self._plan[self._step]
         local = len(rows) // self.process_count
         rows = rows[self.process_index * local : (self.process_index + 1) * local]
-        length = self.bucket_lengths[bucket]
+        _, source_length, length = self._shape(group)
         batch = {
-            "inputs": gather_padded(self._data.src_ids, self._data.src_offsets, rows, length),
+            "inputs": gather_padded(self._data.src_ids, self._data.src_offsets, rows, source_length),
             "targets": gather_padded(self._data.tgt_ids, self._data.tgt_offsets, rows, length),
         }
         self._step += 1
@@ -379,4 +395,5 @@ def make_train_iterator(
         process_count=process_count,
         batch_multiple=batch_multiple,
         num_dropped=num_dropped,
+        by_source=data_config.bucket_by_source,
     )

@@ -23,6 +23,11 @@ Fields (all read by attribute access):
     max_len                 max tokens per side incl. EOS; longer TRAIN pairs are dropped
     tokens_per_batch        token budget per side per global batch (padded positions count)
     length_buckets          increasing padded lengths; the largest must be >= max_len
+    bucket_by_source        False: a train pair's bucket is that of its longer side, and a bucket's
+                            sources are padded to the bucket of its longest source; True: pairs are
+                            grouped by their source's bucket too, so every source is padded to its
+                            own bucket (one program per source and target bucket pair; for parsing,
+                            whose targets are ~3x their sources)
     synthetic_train_size, synthetic_dev_size, synthetic_test_size, synthetic_seed
                             synthetic, synthetic_trees: split sizes and generator seed
     ptb_train_files, ptb_dev_files, ptb_test_files
@@ -118,6 +123,7 @@ class DataConfig:
     max_len: int = 64
     tokens_per_batch: int = 4096
     length_buckets: tuple[int, ...] = (8, 16, 24, 32, 48, 64)
+    bucket_by_source: bool = False
     synthetic_train_size: int = 40_000
     synthetic_dev_size: int = 500
     synthetic_test_size: int = 500
@@ -209,6 +215,8 @@ def validate_data_config(cfg: Any) -> None:
     coverage = getattr(cfg, "character_coverage", 1.0)
     if not isinstance(coverage, int | float) or not 0.9 <= coverage <= 1.0:
         raise ConfigError(f"data_config.character_coverage must be in [0.9, 1], got {coverage!r}")
+    if not isinstance(cfg.bucket_by_source, bool):
+        raise ConfigError(f"data_config.bucket_by_source must be a bool, got {cfg.bucket_by_source!r}")
     if source in ("ptb", "synthetic_trees") and not isinstance(cfg.keep_pos_tags, bool):
         raise ConfigError(f"data_config.keep_pos_tags must be a bool, got {cfg.keep_pos_tags!r}")
     if source in ("ptb", "synthetic_trees") and cfg.tree_leaves not in TREE_LEAVES:
