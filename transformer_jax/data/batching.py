@@ -261,7 +261,7 @@ class TrainIterator:
             raise ValueError(f"a pair of length {lengths.max()} exceeds the largest bucket")
         self.bucket_lengths = list(length_buckets)
         self.batch_sizes = bucket_batch_sizes(length_buckets, tokens_per_batch, batch_multiple)
-        # Pairs batched together share a group: (target bucket, source bucket) as one int.
+        # Pairs batched together share a group: (the pair's bucket, its source's padding bucket) as one int.
         source_bucket = assign_buckets(data.src_lengths, length_buckets)  # <= the pair's bucket
         if not by_source:  # the bucket's longest source
             longest = np.zeros(len(length_buckets), np.int64)
@@ -270,8 +270,8 @@ class TrainIterator:
         self._group_of = self._bucket_of * len(length_buckets) + source_bucket
         self._groups = np.unique(self._group_of)  # ascending: by target bucket, then source bucket
         counts = np.bincount(self._group_of)[self._groups]
-        sizes = [self.batch_sizes[g // len(length_buckets)] for g in self._groups]
-        self.batches_per_epoch = int(sum(math.ceil(c / b) for c, b in zip(counts, sizes, strict=True)))
+        self.batches_per_epoch = int(sum(
+            math.ceil(c / self._shape(g)[0]) for c, g in zip(counts, self._groups, strict=True)))
         self.shapes = sorted({self._shape(g, process_count) for g in self._groups})
         self._epoch, self._step = 0, 0
         self._plan: list[tuple[int, np.ndarray]] | None = None
