@@ -29,7 +29,7 @@ def get_config():
     # The model: small and heavily regularized, as the Multi30k literature found best for 29k pairs
     # (the fairseq baseline quoted in docs/multi30k.md: 4+4 layers, d_model 128, FFN 256, 4 heads,
     # dropout 0.3). It costs about 1/4 of the earlier d_model 256 model per step (0.56 s per 4k-token
-    # step here), so the 60-minute budget buys 5.6k updates (~44 epochs).
+    # step here), so the 60-minute budget buys 5.6k updates (38 epochs).
     config.model.d_model = 128
     config.model.d_ff = 256
     config.model.num_heads = 4

@@ -29,8 +29,9 @@ def test_attention_masks_by_hand():
 
 def test_encode_sentence_appends_eos_and_rejects_an_empty_sentence():
     class Pieces:  # a stand-in tokenizer: one id per word
-        def encode(self, text):
-            return [10 + len(w) for w in text.split(" ")]
+        def encode_text(self, texts, *, side):
+            assert side == "source"
+            return [[10 + len(w) for w in text.split(" ")] for text in texts]
 
     np.testing.assert_array_equal(forward.encode_sentence(Pieces(), "  ab\tcde  "), [[12, 13, EOS_ID]])
     with pytest.raises(ValueError, match="--sentence is empty"):

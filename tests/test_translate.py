@@ -127,7 +127,8 @@ def test_evaluation_path_is_decode_ids():
 class _CharTokenizer:
     """One token per character (ids 4 + ord % 25), decoded back to letters."""
 
-    def encode_batch(self, texts):
+    def encode_text(self, texts, *, side):
+        assert side == "source"
         return [[4 + ord(c) % 25 for c in t] for t in texts]
 
     def decode_batch(self, rows):

@@ -147,7 +147,7 @@ def bench_throughput(path: str, workdir: str, *, num_sentences: int | None, beam
     first_s = time.perf_counter() - start
     times = timing.time_calls(run_once, repeats) if repeats else [first_s]
     seconds = statistics.median(times)
-    target_tokens = sum(len(ids) for ids in restored.tokenizer.encode_batch(outputs))
+    target_tokens = sum(len(ids) for ids in restored.tokenizer.encode_text(outputs, side="target"))
     record = dict(measured="translate_throughput", file=os.path.basename(path), num_sentences=len(lines),
                   beam_size=settings.beam_size, alpha=settings.alpha, tokens_per_batch=tokens_per_batch,
                   params=sum(x.size for x in jax.tree.leaves(params)), first_s=_sig(first_s),

@@ -29,6 +29,7 @@ from transformer_jax.checkpoints.integrity import (
 )
 from transformer_jax.checkpoints.manager import Checkpointer
 from transformer_jax.data.config import DataConfig
+from transformer_jax.data.text_form import text_form_of
 from transformer_jax.data.tokenizer import Tokenizer, tokenizer_file
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.transformer import init_params
@@ -91,7 +92,7 @@ def load_workdir_tokenizer(data: DataConfig, workdir: str,
         raise MissingFileError(
             f"{path} is missing; the checkpoints in {checkpoint_dir(workdir)} need the tokenizer they were "
             "trained with (a retrained one numbers the tokens differently). Restore that file.")
-    tokenizer = Tokenizer.from_file(path)
+    tokenizer = Tokenizer.from_file(path, text_form=text_form_of(data))
     if expected_sha256 and tokenizer.sha256 != expected_sha256:
         raise TokenizerMismatchError(
             f"{path} (sha256 {tokenizer.sha256[:12]}...) is not the tokenizer the checkpoints in "

@@ -126,8 +126,8 @@ def tokenize_pairs(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, *,
     unknown: list[int] = []
     for start in range(0, len(pairs), _ENCODE_CHUNK):
         chunk = pairs[start : start + _ENCODE_CHUNK]
-        src = tokenizer.encode_batch([s for s, _ in chunk])
-        tgt = tokenizer.encode_batch([t for _, t in chunk])
+        src = tokenizer.encode_text([s for s, _ in chunk], side="source")
+        tgt = tokenizer.encode_text([t for _, t in chunk], side="target")
         unknown += [start + i for i, (s, t) in enumerate(zip(src, tgt, strict=True))
                     if _mostly_unk(s) or _mostly_unk(t)]
         keep = [i for i, (s, t) in enumerate(zip(src, tgt, strict=True)) if s and t]

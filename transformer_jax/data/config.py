@@ -17,6 +17,9 @@ Fields (all read by attribute access):
     tfds_data_dir           tfds: '' means the TFDS default (~/tensorflow_datasets)
     tfds_dev_split, tfds_test_split
                             tfds: e.g. 'validation', 'test'
+    text_form               text, tfds: 'raw' (the files' text) or 'moses_lc' (lowercased, Moses
+                            punctuation-normalized and tokenized, as the Multi30k literature trains;
+                            outputs are detokenized but stay lowercase; see data/text_form.py)
     vocab_size              shared SentencePiece vocabulary size
     vocab_type              'bpe' | 'unigram'
     tokenizer_train_examples  cap on the train pairs used to train SentencePiece
@@ -54,6 +57,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from transformer_jax.data.text_form import TEXT_FORMS
 from transformer_jax.data.trees import parse_file_ranges
 from transformer_jax.runtime.errors import ConfigError
 
@@ -117,6 +121,7 @@ class DataConfig:
     tfds_data_dir: str = ""
     tfds_dev_split: str = "validation"
     tfds_test_split: str = "test"
+    text_form: str = "raw"
     vocab_size: int = 1000
     vocab_type: str = "bpe"
     tokenizer_train_examples: int = 1_000_000
@@ -215,6 +220,12 @@ def validate_data_config(cfg: Any) -> None:
     coverage = getattr(cfg, "character_coverage", 1.0)
     if not isinstance(coverage, int | float) or not 0.9 <= coverage <= 1.0:
         raise ConfigError(f"data_config.character_coverage must be in [0.9, 1], got {coverage!r}")
+    text_form = getattr(cfg, "text_form", "raw")
+    if text_form not in TEXT_FORMS:
+        raise ConfigError(f"data_config.text_form must be one of {TEXT_FORMS}, got {text_form!r}")
+    if text_form != "raw" and source not in ("text", "tfds"):
+        raise ConfigError(f"data_config.text_form={text_form!r} is for translation text (source 'text' or "
+                          f"'tfds'), not source={source!r}; use 'raw'")
     if not isinstance(cfg.bucket_by_source, bool):
         raise ConfigError(f"data_config.bucket_by_source must be a bool, got {cfg.bucket_by_source!r}")
     if source in ("ptb", "synthetic_trees") and not isinstance(cfg.keep_pos_tags, bool):

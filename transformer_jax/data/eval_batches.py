@@ -103,8 +103,8 @@ def make_eval_batches(
     if max_examples is not None:
         pairs = pairs[:max_examples]
     pairs = list(pairs)
-    src_flat, src_offsets = concat_with_eos(tokenizer.encode_batch([s for s, _ in pairs]))
-    tgt_flat, tgt_offsets = concat_with_eos(tokenizer.encode_batch([t for _, t in pairs]))
+    src_flat, src_offsets = concat_with_eos(tokenizer.encode_text([s for s, _ in pairs], side="source"))
+    tgt_flat, tgt_offsets = concat_with_eos(tokenizer.encode_text([t for _, t in pairs], side="target"))
     src_lengths, tgt_lengths = np.diff(src_offsets), np.diff(tgt_offsets)
     lengths = np.maximum(src_lengths, tgt_lengths)
     if max_length is not None and len(lengths) and lengths.max() > max_length:

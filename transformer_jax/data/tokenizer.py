@@ -34,6 +34,7 @@ import sentencepiece as spm
 
 from transformer_jax.data.config import validate_data_config
 from transformer_jax.data.sources import get_source
+from transformer_jax.data.text_form import RAW, TextForm, text_form_of
 from transformer_jax.data.trees import bracket_tokens, is_bracket
 from transformer_jax.model.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from transformer_jax.runtime.errors import ConfigError
@@ -45,6 +46,8 @@ from transformer_jax.runtime.errors import ConfigError
 CHARACTER_COVERAGE = 1.0
 # Seed for choosing which train pairs feed SentencePiece when the split exceeds the cap.
 _SUBSAMPLE_SEED = 0
+# Sentences put through the text form at a time while the vocabulary's corpus is gathered.
+_PREPARE_CHUNK = 10_000
 
 _TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")
 _TOO_SMALL = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)")
@@ -61,9 +64,12 @@ class Tokenizer:
       bracket_ids: {id: token} of the user-defined bracket symbols (`(NP`, `)NP`); empty unless the
         model was trained for parsing with the words as leaves.
       word_start_ids: frozenset of the ids whose piece begins a word (starts with U+2581).
+      text_form: how raw text becomes the model's text and back (``data/text_form.py``): applied by
+        ``encode_text`` and ``decode_batch``, not by ``encode``, ``encode_batch`` and ``decode``.
     """
 
-    def __init__(self, model_proto: bytes, *, num_threads: int = -1, model_path: str | None = None):
+    def __init__(self, model_proto: bytes, *, num_threads: int = -1, model_path: str | None = None,
+                 text_form: TextForm = RAW):
         self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
         ids = (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id(), self._sp.bos_id())
         if ids != (PAD_ID, EOS_ID, UNK_ID, BOS_ID):
@@ -79,6 +85,7 @@ class Tokenizer:
         self.word_start_ids = frozenset(
             i for i in range(self.vocab_size) if self._sp.id_to_piece(i).startswith(_SPACE))
         self._space_id = self._sp.piece_to_id(_SPACE)  # the bare word-start piece
+        self.text_form = text_form
 
     def _drop_bracket_spaces(self, ids: list[int]) -> list[int]:
         """`ids` without the bare space piece SentencePiece emits before each bracket symbol."""
@@ -104,8 +111,12 @@ class Tokenizer:
         encoded = self._sp.encode(list(texts), num_threads=self.num_threads)
         return [self._drop_bracket_spaces(ids) for ids in encoded] if self.bracket_ids else encoded
 
+    def encode_text(self, texts: Sequence[str], *, side: str) -> list[list[int]]:
+        """Token ids (no EOS) of raw ``texts`` of ``side`` ('source' or 'target'), through ``text_form``."""
+        return self.encode_batch(self.text_form.prepare(texts, side))
+
     def decode(self, ids: Iterable[int]) -> str:
-        """Text of `ids`: stops at the first EOS, ignores PAD and BOS.
+        """The model's text of `ids` (no ``text_form.finish``): stops at the first EOS, ignores PAD and BOS.
 
         Args:
           ids: int[length], e.g. one row of a model output.
@@ -119,8 +130,8 @@ class Tokenizer:
         return self._sp.decode(out)
 
     def decode_batch(self, ids_2d: Iterable[Iterable[int]]) -> list[str]:
-        """`decode` of each row of int[batch, length]."""
-        return [self.decode(row) for row in ids_2d]
+        """The text of each row of int[batch, length] for the user: `decode`, then ``text_form.finish``."""
+        return self.text_form.finish([self.decode(row) for row in ids_2d])
 
     def id_to_piece(self, i: int) -> str:
         return self._sp.id_to_piece(int(i))
@@ -159,10 +170,14 @@ def _training_sentences(data_config: Any) -> Iterable[str]:
         indices = np.sort(rng.choice(n, size=cap, replace=False)).tolist()
     else:
         indices = range(n)
-    for i in indices:
-        src, tgt = pairs[i]
-        yield src
-        yield tgt
+    form = text_form_of(data_config)
+    for start in range(0, len(indices), _PREPARE_CHUNK):  # chunks: `pairs` may be a lazy sequence
+        chunk = [pairs[i] for i in indices[start:start + _PREPARE_CHUNK]]
+        sources = form.prepare([src for src, _ in chunk], "source")
+        targets = form.prepare([tgt for _, tgt in chunk], "target")
+        for src, tgt in zip(sources, targets, strict=True):
+            yield src
+            yield tgt
 
 
 # SentencePiece's default max_piece_length: a unigram piece is at most this many characters.
@@ -284,7 +299,7 @@ def load_or_train_tokenizer(data_config: Any, workdir: str | None) -> Tokenizer:
         workdir = tempfile.mkdtemp(prefix="transformer_jax_")
     path = tokenizer_file(workdir)
     if path.exists():
-        tokenizer = Tokenizer.from_file(path)
+        tokenizer = Tokenizer.from_file(path, text_form=text_form_of(data_config))
         if tokenizer.vocab_size != data_config.vocab_size:
             raise ValueError(
                 f"cached tokenizer {path} has vocab_size={tokenizer.vocab_size} but"
@@ -310,4 +325,4 @@ def load_or_train_tokenizer(data_config: Any, workdir: str | None) -> Tokenizer:
     tmp.write_bytes(proto)
     os.replace(tmp, path)  # atomic: a reader never sees half a model
     logging.info("Saved tokenizer %s", path)
-    return Tokenizer(proto, model_path=str(path))
+    return Tokenizer(proto, model_path=str(path), text_form=text_form_of(data_config))

@@ -51,7 +51,6 @@ both sides), but without it the pipeline's text differs from the official files 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -59,6 +58,8 @@ from typing import Any
 import sacrebleu
 import sacremoses
 from sacrebleu.metrics import BLEU
+
+from transformer_jax.data.text_form import lowercase_moses, moses_tokenizer, punct_normalizer
 
 # perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g', on bytes like perl without -C.
 _COMPOUND_HYPHEN = re.compile(rb"(\S)-(\S)")
@@ -114,7 +115,7 @@ def tokenized_bleu(
     """
     hypotheses, references = _check_corpus(hypotheses, references)
     if normalize_hypotheses:
-        normalizer = sacremoses.MosesPunctNormalizer(lang=lang)
+        normalizer = punct_normalizer(lang)
         hypotheses = [normalizer.replace_unicode_punct(h) for h in hypotheses]
     hypotheses = [split_compounds(moses_tokenize(h, lang)) for h in hypotheses]
     references = [split_compounds(moses_tokenize(r, lang)) for r in references]
@@ -153,8 +154,7 @@ def multi30k_tokenize(text: str, lang: str) -> str:
 
     'Er sagte „Ja“.' -> "er sagte &quot; ja &quot; ."; "A man's hat." -> "a man &apos;s hat ." (en).
     """
-    normalized = _punct_normalizer(lang).normalize(text.lower())
-    return moses_tokenize(normalized, lang)
+    return lowercase_moses(text, lang, escape=True)
 
 
 def score_all(
@@ -191,7 +191,7 @@ def moses_tokenize(text: str, lang: str, *, escape: bool = True) -> str:
 
     Returns the tokens joined by single spaces: "Hello, world!" -> "Hello , world !".
     """
-    return _moses_tokenizer(lang).tokenize(text, return_str=True, escape=escape)
+    return moses_tokenizer(lang).tokenize(text, return_str=True, escape=escape)
 
 
 def split_compounds(text: str) -> str:
@@ -201,16 +201,6 @@ def split_compounds(text: str) -> str:
     overlap: "a-b-c" -> "a ##AT##-##AT## b-c", as in perl.
     """
     return _COMPOUND_HYPHEN.sub(_COMPOUND_SPLIT, text.encode("utf-8")).decode("utf-8")
-
-
-@functools.cache
-def _moses_tokenizer(lang: str) -> sacremoses.MosesTokenizer:
-    return sacremoses.MosesTokenizer(lang=lang)
-
-
-@functools.cache
-def _punct_normalizer(lang: str) -> sacremoses.MosesPunctNormalizer:
-    return sacremoses.MosesPunctNormalizer(lang=lang)
 
 
 def _check_corpus(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[list[str], list[str]]:

@@ -158,7 +158,7 @@ def source_ids(tokenizer, texts: Sequence[str], *, max_length: int, truncate: bo
     A text of more than ``max_length`` tokens (EOS included) is cut to that length when ``truncate``
     (EOS kept last); otherwise it raises DataError naming it by ``locations[i]`` or its line number.
     """
-    encoded = tokenizer.encode_batch([normalize_whitespace(t) for t in texts])
+    encoded = tokenizer.encode_text([normalize_whitespace(t) for t in texts], side="source")
     ids = []
     for i, pieces in enumerate(encoded):
         if len(pieces) + 1 > max_length:
@@ -284,7 +284,7 @@ def translate_workdir(workdir: str, *, input_path: str | None = None, output_pat
     else:
         with open(output_path, "w", encoding="utf-8") as f:
             f.write(text)
-    target_tokens = sum(len(ids) for ids in restored.tokenizer.encode_batch(translations))
+    target_tokens = sum(len(ids) for ids in restored.tokenizer.encode_text(translations, side="target"))
     return {"num_sentences": len(lines), "decode_seconds": seconds,
             "sentences_per_second": len(lines) / seconds, "target_tokens_per_second": target_tokens / seconds,
             "beam_size": settings.beam_size, "alpha": settings.alpha, "step": restored.step,

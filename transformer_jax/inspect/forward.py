@@ -128,7 +128,7 @@ def encode_sentence(tokenizer, sentence: str, max_len: int | None = None) -> np.
     text = data_lib.normalize_whitespace(sentence)
     if not text:
         raise ConfigError("--sentence is empty; pass the source sentence whose attention maps to draw")
-    ids = tokenizer.encode(text) + [EOS_ID]
+    ids = tokenizer.encode_text([text], side="source")[0] + [EOS_ID]
     if max_len is not None and len(ids) > max_len:
         raise ConfigError(
             f"--sentence is {len(ids)} pieces long with EOS ({len(text.split())} words); the model reads at "

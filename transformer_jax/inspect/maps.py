@@ -59,7 +59,7 @@ def sentence_maps(restored: Restored, sentence: str, *,
     records = forward.attention_records(restored.params, restored.model_config, inputs, output)
     out_ids = output[0].tolist()
     return SentenceMaps(
-        source=sentence, output=tok.decode(output[0]),
+        source=sentence, output=tok.decode_batch(output[:1])[0],
         source_pieces=forward.pieces(tok, inputs[0]),
         output_pieces=forward.pieces(tok, out_ids),
         decoder_input_pieces=forward.pieces(tok, [BOS_ID, *out_ids[:-1]]),
