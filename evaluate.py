@@ -14,7 +14,7 @@ import json
 from absl import flags, logging
 
 from transformer_jax.evaluation import paper, scoring
-from transformer_jax.runtime import errors
+from transformer_jax.runtime import compile_cache, errors
 
 _WORKDIR = flags.DEFINE_string("workdir", "workdir", "A train.py workdir.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest good one).")
@@ -48,12 +48,15 @@ _OUTPUT_DIR = flags.DEFINE_string(
     "output_dir", None,
     "Folder for the outputs (default: <workdir>/eval); checked for writing before anything is decoded, "
     "so a read-only workdir can be scored with --output_dir elsewhere.")
+_COMPILATION_CACHE_DIR = flags.DEFINE_string(
+    "compilation_cache_dir", compile_cache.DEFAULT_DIR, compile_cache.FLAG_HELP)
 _OVERWRITE = flags.DEFINE_bool(
     "overwrite", False, "Replace an existing result of the same step and inputs (otherwise an error).")
 
 
 def main(argv):
     logging.set_verbosity(logging.WARNING)  # as train.py: warnings (e.g. skipped blank pairs), no info
+    compile_cache.enable(_COMPILATION_CACHE_DIR.value)
     results = scoring.evaluate_workdir(
         _WORKDIR.value, step=_STEP.value, average_last=_AVERAGE_LAST.value, split=_SPLIT.value,
         source_file=_SOURCE_FILE.value, reference_file=_REFERENCE_FILE.value,

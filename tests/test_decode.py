@@ -182,6 +182,25 @@ def test_grow_cache_pads_only_the_position_axes(tiny):
     assert {"cached_key", "cached_value", "ancestry", "encoded_key", "encoded_value"} <= names
 
 
+def test_select_examples_keeps_their_entries_and_their_beams_ancestry(tiny):
+    cfg, params = tiny
+    inputs, beams, examples = _sources(9), 2, jnp.asarray([3, 0], jnp.int32)
+    cache = kv_cache.init_cache(cfg, params, kv_cache.encode(params, cfg, inputs), inputs, cache_len=4,
+                                beams=beams)
+    distinct = lambda x: jnp.arange(x.size, dtype=x.dtype).reshape(x.shape)  # a wrong row would show
+    cache = jax.tree_util.tree_map_with_path(
+        lambda path, x: distinct(x) if path[-1].key == "ancestry" else x, cache)
+    kept = kv_cache.select_examples(cache, examples)
+    for (path, old), new in zip(jax.tree_util.tree_flatten_with_path(cache)[0], jax.tree.leaves(kept),
+                                strict=True):
+        if path[-1].key == "ancestry":  # [batch * beams, cache_len]: rows 6, 7 (example 3), then 0, 1
+            np.testing.assert_array_equal(new, np.asarray(old)[[6, 7, 0, 1]])
+        elif old.ndim:  # [batch, ...]
+            np.testing.assert_array_equal(new, np.asarray(old)[[3, 0]])
+        else:  # indices
+            assert new == old
+
+
 def test_beam_size_one_equals_greedy(tiny):
     cfg, params = tiny
     inputs = _sources(6)
@@ -292,3 +311,32 @@ def test_argument_errors(tiny, kwargs, message):
     cfg, params = tiny
     with pytest.raises(ValueError, match=message):
         decode.beam_search(params, cfg, _sources(0), **{"max_extra_len": EXTRA, **kwargs})
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_compaction_changes_no_output(tiny, search):
+    """64 sources of 1 to 7 tokens: most finish early, so the loop moves the rest to 16 rows.
+    The outputs equal those of the batch run to the end: greedy exactly, beam search the same hypotheses
+    with scores to float tolerance."""
+    cfg, params = tiny
+    rng = np.random.default_rng(8)
+    tokens = rng.integers(4, VOCAB, size=(64, SRC_LEN))
+    tokens[np.arange(SRC_LEN)[None, :] >= rng.integers(1, SRC_LEN + 1, size=64)[:, None]] = PAD_ID
+    inputs = jnp.asarray(tokens, jnp.int32)
+    assert decode._batch_sizes(64, True) == (64, 16) and decode._batch_sizes(64, False) == (64,)
+    if search == "greedy":
+        run = lambda compact: decode.greedy_search(params, cfg, inputs, max_extra_len=EXTRA, compact=compact,
+                                                   first_cache_len=4, return_num_steps=True)
+        (compacted, steps), (full, _) = run(True), run(False)
+        np.testing.assert_array_equal(compacted, full)
+        lengths = np.asarray(decode.sequence_lengths(full))
+    else:
+        run = lambda compact: decode.beam_search(params, cfg, inputs, beam_size=3, max_extra_len=EXTRA,
+                                                 compact=compact, first_cache_len=4, return_all_beams=True,
+                                                 return_num_steps=True)
+        (seqs, scores, steps), (full_seqs, full_scores, _) = run(True), run(False)
+        np.testing.assert_array_equal(seqs, full_seqs)
+        np.testing.assert_allclose(scores, full_scores, atol=1e-6)
+        lengths = np.asarray(decode.sequence_lengths(full_seqs[:, 0]))
+    # Not a vacuous check: outputs end at different steps, so rows left the loop before its end.
+    assert lengths.min() < int(steps) and np.sum(lengths < int(steps)) > 48

@@ -15,7 +15,7 @@ import sys
 from absl import flags, logging
 
 from transformer_jax.evaluation import translation
-from transformer_jax.runtime import errors
+from transformer_jax.runtime import compile_cache, errors
 
 _WORKDIR = flags.DEFINE_string("workdir", "workdir", "A train.py workdir.")
 _INPUT = flags.DEFINE_string("input", None, "Source text, one sentence a line (default: stdin).")
@@ -38,12 +38,15 @@ _TOKENS_PER_BATCH = flags.DEFINE_integer(
     "Decoding batch budget: beams x sentences x (padded source length + max_extra_len).")
 _PROGRESS = flags.DEFINE_bool(
     "progress", None, "Show a progress bar on stderr (default: when the input is a file).")
+_COMPILATION_CACHE_DIR = flags.DEFINE_string(
+    "compilation_cache_dir", compile_cache.DEFAULT_DIR, compile_cache.FLAG_HELP)
 _STATS = flags.DEFINE_bool(
     "stats", False, "Print sentences/s and target tokens/s as one JSON line on stderr.")
 
 
 def main(argv):
     logging.set_verbosity(logging.WARNING)
+    compile_cache.enable(_COMPILATION_CACHE_DIR.value)
     stats = translation.translate_workdir(
         _WORKDIR.value, input_path=_INPUT.value, output_path=_OUTPUT.value, step=_STEP.value,
         average_last=_AVERAGE_LAST.value, beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value,

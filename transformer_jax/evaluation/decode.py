@@ -25,6 +25,12 @@ cache is what every step reads and what beam search reorders, so a cache of ``sr
 for outputs of about ``src_len`` would make each step several times dearer; masked positions weigh
 exactly 0, so the logits do not change (up to the order of float sums).
 
+The batch also shrinks (``compact``): a batch of sentences runs until its last one is done, and most are
+done long before (test2016 through the Multi30k model, beam 5: batches of 296 sentences ran 47-82 steps
+while their median sentence was done after 21-46). Whenever at most a quarter of the rows (rounded down
+to a multiple of 8, at least ``MIN_COMPACT_ROWS``) are still going, those rows move to a batch of that
+size and the finished ones leave the loop with their outputs; a row's outputs do not depend on the others.
+
 ``constraint`` (both searches, optional): an object whose ``wrap(stepper, inputs, limits)`` masks each
 step's logits and carries its own per-row state, e.g. ``tree_constraints.TreeConstraint`` (every output a
 tree over the input's words). Its rows follow beam selection like the cache.
@@ -94,15 +100,101 @@ def _length_limits(inputs: Array, max_len: int, max_extra_len: Array | int) -> A
 
 
 # --------------------------------------------------------------------------------------------------
+# The loop: a cache grown once, and fewer rows as examples finish.
+
+# Compaction quarters the rows (down to a multiple of 8) while at least this many remain.
+MIN_COMPACT_ROWS = 16
+
+
+def _batch_sizes(batch: int, compact: bool) -> tuple[int, ...]:
+    """The row counts the loop runs at: ``batch``, then quarters, e.g. 296 -> (296, 72, 16).
+
+    Each size is one more copy of the loop body to compile (about 2 s for the Multi30k model on 2
+    cores): halving (296, 144, 72, 32, 16) decoded test2016 in 16.9 s against 19.5 s, once compiled,
+    but compiled for 33 s against 18 s (docs/benchmarks.md).
+    """
+    sizes = [batch]
+    while compact and (quarter := sizes[-1] // 4 // 8 * 8) >= MIN_COMPACT_ROWS:
+        sizes.append(quarter)
+    return tuple(sizes)
+
+
+def _run(state, step, *, done, results, select_model_state, first: int, max_len: int, compact: bool):
+    """Runs ``step`` until every example is done (or ``t == max_len``), in phases; returns (t, results).
+
+    Phase 1 runs against the cache as built (``first`` positions) while ``t < first``; the cache is then
+    padded to ``max_len`` positions (``kv_cache.grow_cache``). From then on, whenever no more than the
+    next of ``_batch_sizes`` examples are still going, their rows are moved to a batch of that size
+    (``select``) and the rest leave the loop: a step costs about its rows (beam 5 on the Multi30k
+    model, beside a training run: 296, 72 and 16 sentences took 206, 50 and 12 ms a step), and in a
+    batch of sentences sorted by length most finish long before the last. The done ones are written to
+    the results first.
+
+    Args:
+      state: a NamedTuple with ``t`` (int32 scalar), ``model_state`` (the stepper's) and any other
+        fields [rows, ...], one entry per example.
+      step: state -> state, one decoding step over every row.
+      done: state -> bool[rows], rows that no further step can change (monotone in t).
+      results: state -> a pytree of [rows, ...] arrays, the outputs.
+      select_model_state: the stepper's ``select``; None (uncached, constrained) runs without compaction.
+      first: phase 1's cache positions (>= max_len: one phase).
+      max_len: the output buffer.
+      compact: whether to move the unfinished examples to smaller batches (``_batch_sizes``).
+
+    Returns:
+      The number of steps run (int32 scalar) and the results over the batch, in its order.
+    """
+    sizes = _batch_sizes(len(done(state)), compact and select_model_state is not None)
+    carry = (state, jnp.arange(sizes[0]), results(state))  # state, the example of each row, results
+
+    def select(state, keep):
+        rows = {name: jnp.take(value, keep, axis=0) for name, value in state._asdict().items()
+                if name not in ("t", "model_state")}
+        return state._replace(model_state=select_model_state(state.model_state, keep), **rows)
+
+    def not_done(more_than: int):
+        return lambda c: (c[0].t < max_len) & (jnp.sum(~done(c[0])) > more_than)
+
+    def body(c):
+        return step(c[0]), c[1], c[2]
+
+    def written(c):
+        return jax.tree.map(lambda out, rows: out.at[c[1]].set(rows), c[2], results(c[0]))
+
+    if first < max_len and jax.tree.leaves(state.model_state):
+        next_size = sizes[1] if len(sizes) > 1 else 0
+        carry = jax.lax.while_loop(lambda c: not_done(next_size)(c) & (c[0].t < first), body, carry)
+        carry = (carry[0]._replace(model_state=kv_cache.grow_cache(carry[0].model_state, max_len)),
+                 *carry[1:])
+    for i in range(len(sizes)):
+        next_size = sizes[i + 1] if i + 1 < len(sizes) else 0
+        carry = jax.lax.while_loop(not_done(next_size), body, carry)
+        if next_size:  # the unfinished first (a stable sort keeps their order), then done ones as padding
+            keep = jnp.argsort(done(carry[0]), stable=True)[:next_size]
+            carry = (select(carry[0], keep), carry[1][keep], written(carry))
+    return carry[0].t, written(carry)
+
+
+# --------------------------------------------------------------------------------------------------
 # Greedy search.
+
+
+class _GreedyState(NamedTuple):
+    """The greedy loop carry over the rows it still holds; ``t`` is the next output position."""
+
+    t: Array  # int32 scalar
+    tokens: Array  # int32[rows, max_len]; PAD after position t - 1
+    finished: Array  # bool[rows]
+    limits: Array  # int32[rows] each row's output length limit
+    model_state: Any  # the stepper's state (cache and sources), or () uncached
 
 
 # Only shapes and modes are static; max_extra_len, min_len and alpha are traced, so changing them does
 # not recompile.
 @functools.partial(jax.jit, static_argnames=("model_config", "max_len", "use_cache", "first_cache_len",
-                                             "constraint"))
+                                             "constraint", "compact"))
 def _greedy_search(params, inputs, max_extra_len, min_len, *, model_config, max_len, use_cache,
-                   first_cache_len, constraint=None):
+                   first_cache_len, constraint=None, compact=True):
     batch = inputs.shape[0]
     limits = _length_limits(inputs, max_len, max_extra_len)  # [B]
     stepper = kv_cache.make_stepper(params, model_config, inputs, max_len, use_cache,
@@ -110,30 +202,27 @@ def _greedy_search(params, inputs, max_extra_len, min_len, *, model_config, max_
     if constraint is not None:
         stepper = constraint.wrap(stepper, inputs, limits)
 
-    def not_done(carry):
-        t, _, _, finished = carry
-        return (t < max_len) & ~jnp.all(finished)
-
-    def body(carry):
-        t, tokens, state, finished = carry
-        logits, state = stepper.step(state, tokens, t)  # [B, V]
+    def step(state):
+        t = state.t
+        logits, model_state = stepper.step(state.model_state, state.tokens, t)  # [B, V]
         next_token = _argmax(_ban_tokens(logits, t, min_len))  # the log-softmax would not change it
-        next_token = jnp.where(finished, PAD_ID, next_token)  # [B]
-        tokens = jax.lax.dynamic_update_index_in_dim(tokens, next_token, t, axis=1)
-        finished = finished | (next_token == EOS_ID) | (t + 1 >= limits)
-        return t + 1, tokens, state, finished
+        next_token = jnp.where(state.finished, PAD_ID, next_token)  # [B]
+        tokens = jax.lax.dynamic_update_index_in_dim(state.tokens, next_token, t, axis=1)
+        finished = state.finished | (next_token == EOS_ID) | (t + 1 >= state.limits)
+        return _GreedyState(t + 1, tokens, finished, state.limits, model_state)
 
-    carry = (jnp.zeros((), jnp.int32), jnp.full((batch, max_len), PAD_ID, jnp.int32), stepper.state,
-             jnp.zeros((batch,), bool))
-    num_steps, tokens, _, _ = kv_cache.run_in_phases(not_done, body, carry, first=first_cache_len,
-                                                     max_len=max_len, model_state_index=2)
+    state = _GreedyState(jnp.zeros((), jnp.int32), jnp.full((batch, max_len), PAD_ID, jnp.int32),
+                         jnp.zeros((batch,), bool), limits, stepper.state)
+    num_steps, tokens = _run(state, step, done=lambda s: s.finished, results=lambda s: s.tokens,
+                             select_model_state=stepper.select, first=first_cache_len, max_len=max_len,
+                             compact=compact)
     return tokens, num_steps
 
 
 def greedy_search(params: Any, model_config: ModelConfig, inputs: Array, *, max_len: int | None = None,
                   max_extra_len: int = paper.MAX_EXTRA_LEN, min_len: int = 0, use_cache: bool = True,
                   return_num_steps: bool = False, first_cache_len: int | None = None,
-                  constraint: Any = None) -> Array | tuple[Array, Array]:
+                  constraint: Any = None, compact: bool = True) -> Array | tuple[Array, Array]:
     """Greedy decoding: the most likely next token at every step, until EOS or the length limit.
 
     Args:
@@ -149,6 +238,8 @@ def greedy_search(params: Any, model_config: ModelConfig, inputs: Array, *, max_
       first_cache_len: positions of the first phase's cache (module docstring); default ``src_len +
         kv_cache.FIRST_CACHE_EXTRA``; ``max_len`` or more runs in one phase. Does not change the outputs.
       constraint: optional logit mask with its own state (see the module docstring); hashable.
+      compact: move the unfinished examples to smaller batches as the others finish (the module
+        docstring); False runs every row to the end. Does not change the outputs.
 
     Returns:
       int32[batch, max_len] tokens (then EOS, then PAD; see the module docstring), and with
@@ -158,7 +249,7 @@ def greedy_search(params: Any, model_config: ModelConfig, inputs: Array, *, max_
     max_len = _check_args(model_config, inputs, max_len, max_extra_len, min_len)
     tokens, num_steps = _greedy_search(
         params, inputs, max_extra_len, min_len, model_config=kv_cache.eval_config(model_config),
-        max_len=max_len, use_cache=use_cache, constraint=constraint,
+        max_len=max_len, use_cache=use_cache, constraint=constraint, compact=compact,
         first_cache_len=kv_cache.first_cache_len_for(first_cache_len, inputs.shape[1], max_len))
     return (tokens, num_steps) if return_num_steps else tokens
 
@@ -195,7 +286,8 @@ class _BeamState(NamedTuple):
     finished_seqs: Array  # int32[batch, beam, max_len]
     finished_scores: Array  # float32[batch, beam] log P(Y) / lp(|Y|); NEG_INF for empty slots
     finished_flags: Array  # bool[batch, beam] True where the slot holds a real hypothesis
-    model_state: Any  # the cache with batch * beam rows (row b * beam + k), or () uncached
+    limits: Array  # int32[batch] each example's output length limit
+    model_state: Any  # the stepper's state with batch * beam rows (row b * beam + k), or () uncached
 
 
 def _top(values: Array, k: int, *arrays: Array) -> tuple[Array, ...]:
@@ -206,8 +298,8 @@ def _top(values: Array, k: int, *arrays: Array) -> tuple[Array, ...]:
     return (top_values, *gathered)
 
 
-def _beam_step(state: _BeamState, stepper: kv_cache.Stepper, *, beam_size: int, alpha: Array, min_len: Array,
-               limits: Array) -> _BeamState:
+def _beam_step(state: _BeamState, stepper: kv_cache.Stepper, *, beam_size: int, alpha: Array,
+               min_len: Array) -> _BeamState:
     """Extends every alive beam by every token, then keeps the best ``beam_size`` alive and finished."""
     batch, _, max_len = state.alive_seqs.shape
     t = state.t
@@ -229,7 +321,7 @@ def _beam_step(state: _BeamState, stepper: kv_cache.Stepper, *, beam_size: int, 
     token = jnp.take_along_axis(row_token.reshape(batch, -1), top_index, axis=1).astype(jnp.int32)
     top_seqs = jnp.take_along_axis(state.alive_seqs, parent[:, :, None], axis=1)  # [B, 2K, T]
     top_seqs = jax.lax.dynamic_update_slice_in_dim(top_seqs, token[:, :, None], t, axis=2)
-    ended = (token == EOS_ID) | (t + 1 >= limits[:, None])  # [B, 2K]
+    ended = (token == EOS_ID) | (t + 1 >= state.limits[:, None])  # [B, 2K]
 
     # Alive: the best K that did not end; the cache follows its parent beam.
     alive_logprobs, alive_seqs, alive_parent = _top(
@@ -245,29 +337,29 @@ def _beam_step(state: _BeamState, stepper: kv_cache.Stepper, *, beam_size: int, 
         jnp.concatenate([state.finished_seqs, top_seqs], axis=1),
         jnp.concatenate([state.finished_flags, new_flags], axis=1))
     return _BeamState(t + 1, alive_seqs, alive_logprobs, finished_seqs, finished_scores,
-                      finished_flags, model_state)
+                      finished_flags, state.limits, model_state)
 
 
-def _beam_search_done(state: _BeamState, *, alpha: Array, limits: Array) -> Array:
+def _beam_search_done(state: _BeamState, *, alpha: Array) -> Array:
     """bool[batch]: no alive beam can still enter the K finished ones.
 
     An alive prefix's log probability only falls as it grows, and for alpha >= 0 lp is largest at the
     length limit, so ``alive_logprob / lp(limit)`` bounds any score it can still reach.
     """
-    best_possible = state.alive_logprobs[:, 0] / length_penalty(limits, alpha)  # [B]
+    best_possible = state.alive_logprobs[:, 0] / length_penalty(state.limits, alpha)  # [B]
     worst_finished = jnp.where(jnp.all(state.finished_flags, axis=1),
                                jnp.min(state.finished_scores, axis=1), NEG_INF)  # [B]
-    return (state.t >= limits) | (worst_finished > best_possible)
+    return (state.t >= state.limits) | (worst_finished > best_possible)
 
 
 @functools.partial(jax.jit, static_argnames=("model_config", "beam_size", "max_len", "use_cache",
-                                             "first_cache_len", "constraint"))
+                                             "first_cache_len", "constraint", "compact"))
 def _beam_search(params, inputs, alpha, max_extra_len, min_len, *, model_config, beam_size, max_len,
-                 use_cache, first_cache_len, constraint=None):
+                 use_cache, first_cache_len, constraint=None, compact=True):
     batch = inputs.shape[0]
     limits = _length_limits(inputs, max_len, max_extra_len)  # [B]
     stepper = kv_cache.make_stepper(params, model_config, inputs, max_len, use_cache, beams=beam_size,
-                            cache_len=first_cache_len)
+                                    cache_len=first_cache_len)
     if constraint is not None:  # row b * beam + k is beam k of example b
         stepper = constraint.wrap(stepper, jnp.repeat(inputs, beam_size, axis=0),
                                   jnp.repeat(limits, beam_size))
@@ -278,14 +370,16 @@ def _beam_search(params, inputs, alpha, max_extra_len, min_len, *, model_config,
         t=jnp.zeros((), jnp.int32), alive_seqs=empty_seqs,
         alive_logprobs=jnp.broadcast_to(alive_logprobs, (batch, beam_size)).astype(jnp.float32),
         finished_seqs=empty_seqs, finished_scores=jnp.full((batch, beam_size), NEG_INF, jnp.float32),
-        finished_flags=jnp.zeros((batch, beam_size), bool), model_state=stepper.state)
+        finished_flags=jnp.zeros((batch, beam_size), bool), limits=limits, model_state=stepper.state)
     step = functools.partial(_beam_step, stepper=stepper, beam_size=beam_size, alpha=alpha,
-                             min_len=min_len, limits=limits)
-    not_done = lambda s: (s.t < max_len) & ~jnp.all(_beam_search_done(s, alpha=alpha, limits=limits))
-    state = kv_cache.run_in_phases(not_done, step, state, first=first_cache_len, max_len=max_len,
-                           model_state_index=_BeamState._fields.index("model_state"))
+                             min_len=min_len)
+
     # Every example finishes by its limit (<= max_len), where all of its candidates end.
-    return state.finished_seqs, state.finished_scores, state.t
+    num_steps, (seqs, scores) = _run(
+        state, step, done=functools.partial(_beam_search_done, alpha=alpha),
+        results=lambda s: (s.finished_seqs, s.finished_scores), select_model_state=stepper.select,
+        first=first_cache_len, max_len=max_len, compact=compact)
+    return seqs, scores, num_steps
 
 
 def beam_search(params: Any, model_config: ModelConfig, inputs: Array, *, beam_size: int = paper.BEAM_SIZE,
@@ -293,7 +387,7 @@ def beam_search(params: Any, model_config: ModelConfig, inputs: Array, *, beam_s
                 max_extra_len: int = paper.MAX_EXTRA_LEN, min_len: int = 0,
                 use_cache: bool = True, return_all_beams: bool = False,
                 return_num_steps: bool = False, first_cache_len: int | None = None,
-                constraint: Any = None) -> tuple[Array, ...]:
+                constraint: Any = None, compact: bool = True) -> tuple[Array, ...]:
     """Beam search with the GNMT length penalty, as in the paper (beam 4, alpha 0.6).
 
     The Flax WMT example's algorithm: each step extends the ``beam_size`` alive hypotheses by every
@@ -308,8 +402,8 @@ def beam_search(params: Any, model_config: ModelConfig, inputs: Array, *, beam_s
       inputs: int32[batch, src_len] source ids, PAD-padded.
       beam_size: hypotheses kept per example (K).
       alpha: length penalty strength, >= 0; larger favours longer outputs (see :func:`length_penalty`).
-      max_len, max_extra_len, min_len, use_cache, return_num_steps, first_cache_len, constraint: as in
-        :func:`greedy_search`.
+      max_len, max_extra_len, min_len, use_cache, return_num_steps, first_cache_len, constraint,
+        compact: as in :func:`greedy_search`.
       return_all_beams: return every finished beam, best first, instead of the best one.
 
     Returns:
@@ -326,7 +420,7 @@ def beam_search(params: Any, model_config: ModelConfig, inputs: Array, *, beam_s
     seqs, scores, num_steps = _beam_search(
         params, inputs, jnp.float32(alpha), max_extra_len, min_len,
         model_config=kv_cache.eval_config(model_config), beam_size=beam_size, max_len=max_len,
-        use_cache=use_cache, constraint=constraint,
+        use_cache=use_cache, constraint=constraint, compact=compact,
         first_cache_len=kv_cache.first_cache_len_for(first_cache_len, inputs.shape[1], max_len))
     out = (seqs, scores) if return_all_beams else (seqs[:, 0], scores[:, 0])
     return (*out, num_steps) if return_num_steps else out

@@ -4,9 +4,9 @@
 its state (the cache) and the beam reorder. The cache holds one copy of each example's encoder
 keys/values for all its beams, and self-attention keys/values in beam slots that are never moved: a
 reorder gathers only the ``ancestry`` table, int32[n, cache_len], which says which slot holds each
-row's ancestors (``model.transformer.Decoder``). The self-attention cache grows in two phases
-(``run_in_phases``): first ``first_cache_len`` positions, then, only if some output is still going, padded
-to ``max_len``; masked positions weigh exactly 0, so the logits do not change.
+row's ancestors (``model.transformer.Decoder``). ``grow_cache`` pads the self-attention cache with more
+positions (masked positions weigh exactly 0, so the logits do not change) and ``select_examples`` keeps
+some examples only: ``decode``'s loop uses both between its phases.
 """
 
 from __future__ import annotations
@@ -108,17 +108,17 @@ def first_cache_len_for(first_cache_len: int | None, src_len: int, max_len: int)
     return min(int(first_cache_len), max_len)
 
 
-def run_in_phases(cond, body, carry, *, first: int, max_len: int, model_state_index: int):
-    """``while_loop(cond, body, carry)``, first with the cache as built (``first`` positions) while
-    ``t < first``, then with it grown to ``max_len``. ``carry[0]`` is t; ``carry[model_state_index]``
-    is the cache (or () uncached, which runs in one phase)."""
-    if first >= max_len or not jax.tree.leaves(carry[model_state_index]):
-        return jax.lax.while_loop(cond, body, carry)
-    carry = jax.lax.while_loop(lambda c: cond(c) & (c[0] < first), body, carry)
-    items = list(carry)
-    items[model_state_index] = grow_cache(items[model_state_index], max_len)
-    carry = type(carry)(*items) if hasattr(carry, "_fields") else tuple(items)
-    return jax.lax.while_loop(cond, body, carry)
+def select_examples(cache: Any, examples: Array) -> Any:
+    """The cache of ``examples`` int32[m] only (in that order): every leaf with a batch axis keeps those
+    examples' entries; the ancestry table keeps their beams' rows. Indices are kept."""
+    _, beams = _cache_shape(cache)
+    rows = (examples[:, None] * beams + jnp.arange(beams)[None, :]).reshape(-1)  # [m * beams]
+
+    def take(path, x):
+        if x.ndim == 0:
+            return x
+        return jnp.take(x, rows if _leaf_name(path) == "ancestry" else examples, axis=0)
+    return jax.tree_util.tree_map_with_path(take, cache)
 
 
 def decode_step(params: Any, model_config: ModelConfig, cache: Any, encoded: Array, inputs: Array,
@@ -158,13 +158,16 @@ class Stepper(NamedTuple):
     """A next-token function over n = batch * beams rows, cached or not.
 
     ``step(state, seqs int32[n, max_len], t) -> (float32[n, vocab] logits, state)``: ``seqs`` holds the
-    tokens output before position t. ``state`` is the cache (or ``()`` uncached); ``reorder(state,
-    rows int32[n])`` makes row i continue from row ``rows[i]`` (beam selection).
+    tokens output before position t. ``state`` is the cache and the sources (or ``()`` uncached);
+    ``reorder(state, rows int32[n])`` makes row i continue from row ``rows[i]`` (beam selection).
+    ``select(state, examples int32[m])``, where not None, keeps the state of ``examples`` only, so the
+    search can go on with fewer rows (``decode``'s compaction).
     """
 
     state: Any
     step: Any
     reorder: Any
+    select: Any = None
 
 
 def make_stepper(params: Any, model_config: ModelConfig, inputs: Array, max_len: int,
@@ -180,18 +183,26 @@ def make_stepper(params: Any, model_config: ModelConfig, inputs: Array, max_len:
         step = lambda state, seqs, t: (_full_step(params, model_config, encoded, inputs, seqs, t), state)
         return Stepper((), step, lambda state, rows: state)
 
-    # The encoder keys/values are projected once per example and shared by its beams.
+    # The encoder keys/values are projected once per example and shared by its beams. The state holds
+    # the sources (for the padding mask) beside the cache, so that `select` can drop examples.
     cache = init_cache(model_config, params, encoded, inputs, cache_len or max_len, beams)
 
-    def step(cache, seqs, t):
+    def step(state, seqs, t):
+        cache, inputs = state
         previous = jax.lax.dynamic_index_in_dim(seqs, jnp.maximum(t - 1, 0), axis=1, keepdims=False)
         previous = jnp.where(t == 0, BOS_ID, previous)  # [n]
-        return decode_step(params, model_config, cache, encoded, inputs, previous)
+        # Once the cache exists the decoder reads only the shape of the encoder output.
+        encoded_shape = jnp.zeros(inputs.shape + encoded.shape[2:], encoded.dtype)
+        logits, cache = decode_step(params, model_config, cache, encoded_shape, inputs, previous)
+        return logits, (cache, inputs)
 
-    def reorder(cache, rows):
+    def reorder(state, rows):
         # Rows stay within their example, so only the ancestry table moves (see the module docstring).
         def take(path, x):
             return jnp.take(x, rows, axis=0, mode="clip") if _leaf_name(path) == "ancestry" else x
-        return jax.tree_util.tree_map_with_path(take, cache)
+        return jax.tree_util.tree_map_with_path(take, state[0]), state[1]
 
-    return Stepper(cache, step, reorder)
+    def select(state, examples):
+        return select_examples(state[0], examples), jnp.take(state[1], examples, axis=0)
+
+    return Stepper((cache, inputs), step, reorder, select)
