@@ -79,4 +79,4 @@ def _averaged_line(steps: list[int], *, default: bool) -> str:
 
 
 if __name__ == "__main__":
-    errors.run_main(main)
+    errors.run_main(main, keep_freed_memory=False)  # decoding: see runtime/host_memory.py

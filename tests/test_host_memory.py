@@ -54,3 +54,14 @@ def test_freed_memory_is_reused_without_page_faults():
     # Kept: the first round grows the heap; the next ones reuse it.
     assert kept["faults"][0] > BLOCK_PAGES // 2
     assert max(kept["faults"][1:]) < BLOCK_PAGES // 100
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_run_main_keeps_freed_memory_unless_the_entry_point_only_decodes(monkeypatch, keep):
+    from transformer_jax.runtime import errors
+
+    calls = []
+    monkeypatch.setattr(host_memory, "keep_freed_memory", lambda: calls.append("mallopt"))
+    monkeypatch.setattr(errors.app, "run", lambda main, **kwargs: main(["prog"]))
+    errors.run_main(lambda argv: calls.append("main"), keep_freed_memory=keep)
+    assert calls == (["mallopt", "main"] if keep else ["main"])

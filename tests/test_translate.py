@@ -63,14 +63,34 @@ def test_plan_covers_every_sentence_once_sorted_and_within_budget(beams, extra, 
         if k < len(batches) - 1:  # only the last batch has padding rows
             assert len(b.indices) == b.rows
     last = batches[-1]
-    assert last.rows & (last.rows - 1) == 0 or len(last.indices) == last.rows  # a power of two
+    assert last.rows in (len(last.indices), translation.padded_rows(len(last.indices)))
+
+
+def test_default_budget_is_a_fixed_cache_size():
+    """4 KiB a cached position for the Multi30k model (4 layers x 4 heads x (32 + 32) float32), 24 KiB
+    for the base model (6 x 8 x (64 + 64)), 12 KiB for it in bfloat16."""
+    multi30k = ModelConfig(vocab_size=8000, d_model=128, d_ff=256, num_heads=4, num_encoder_layers=4,
+                           num_decoder_layers=4)
+    base = ModelConfig(vocab_size=32000)
+    assert translation.default_tokens_per_batch(multi30k) == 192 * 1024
+    assert translation.default_tokens_per_batch(base) == 32 * 1024
+    assert translation.default_tokens_per_batch(base.replace(dtype="bfloat16")) == 64 * 1024
+
+
+def test_padded_rows_are_four_sizes_an_octave():
+    rows = [translation.padded_rows(n) for n in range(1, 300)]
+    assert [translation.padded_rows(n) for n in (1, 3, 5, 8, 9, 17, 25, 33, 129, 144, 161, 257)] == [
+        1, 4, 8, 8, 16, 24, 32, 40, 160, 160, 192, 320]
+    assert all(n <= r and (r <= 8 or (r % 8 == 0 and r < 1.25 * n + 8)) for n, r in enumerate(rows, start=1))
+    assert len(set(r for r in rows if 128 < r <= 256)) == 4
 
 
 def test_plan_of_one_sentence_is_one_row_and_of_none_is_empty():
-    (batch,) = translation.plan_batches([5], beams=4, max_extra_len=50)
+    (batch,) = translation.plan_batches([5], beams=4, max_extra_len=50, tokens_per_batch=96 * 1024)
     assert (batch.rows, batch.src_len, batch.indices.tolist()) == (1, 8, [0])
-    assert translation.plan_batches([], beams=4, max_extra_len=50) == []
-    capped = translation.plan_batches([5, 9, 11], beams=1, max_extra_len=3, max_src_len=11)
+    assert translation.plan_batches([], beams=4, max_extra_len=50, tokens_per_batch=96 * 1024) == []
+    capped = translation.plan_batches([5, 9, 11], beams=1, max_extra_len=3, tokens_per_batch=96 * 1024,
+                                      max_src_len=11)
     # One batch (too few for 8 rows at length 8), never padded beyond the position table.
     assert [(b.src_len, b.rows) for b in capped] == [(11, 4)]
 

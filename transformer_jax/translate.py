@@ -34,8 +34,9 @@ _MAX_EXTRA_LEN = flags.DEFINE_integer(
 _TRUNCATE = flags.DEFINE_bool(
     "truncate", False, "Cut a line too long for the model to the longest it can take, instead of an error.")
 _TOKENS_PER_BATCH = flags.DEFINE_integer(
-    "tokens_per_batch", translation.DEFAULT_TOKENS_PER_BATCH,
-    "Decoding batch budget: beams x sentences x (padded source length + max_extra_len).")
+    "tokens_per_batch", None,
+    "Decoding batch budget: beams x sentences x (padded source length + max_extra_len); default: "
+    "a 768 MiB self-attention cache (196,608 for the Multi30k model).")
 _PROGRESS = flags.DEFINE_bool(
     "progress", None, "Show a progress bar on stderr (default: when the input is a file).")
 _COMPILATION_CACHE_DIR = flags.DEFINE_string(
@@ -57,4 +58,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    errors.run_main(main)
+    errors.run_main(main, keep_freed_memory=False)  # decoding: see runtime/host_memory.py

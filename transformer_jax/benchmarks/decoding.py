@@ -124,7 +124,7 @@ def run(names: list[str], peak: timing.Peak | None, *, searches=SEARCHES, new_to
 
 
 def bench_throughput(path: str, workdir: str, *, num_sentences: int | None, beam_size: int | None,
-                     average_last: int = 0, tokens_per_batch: int = translation.DEFAULT_TOKENS_PER_BATCH,
+                     average_last: int = 0, tokens_per_batch: int | None = None,
                      repeats: int) -> dict:
     """Translates the first ``num_sentences`` lines of ``path`` with ``workdir``; one record.
 
@@ -136,6 +136,8 @@ def bench_throughput(path: str, workdir: str, *, num_sentences: int | None, beam
     restored = restore_workdir(workdir)
     final = restored.run.eval
     params = averaged_params(restored, average_last) if average_last > 1 else restored.params
+    if tokens_per_batch is None:
+        tokens_per_batch = translation.default_tokens_per_batch(restored.model_config)
     settings = translation.Settings(
         beam_size=final.final_beam_size if beam_size is None else beam_size,
         alpha=final.final_alpha, max_extra_len=final.final_max_extra_len)
@@ -191,8 +193,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                          flag_values=flag_values)
     flags.DEFINE_integer("average_last", 0, "Throughput mode: average the last N checkpoints first.",
                          flag_values=flag_values)
-    flags.DEFINE_integer("tokens_per_batch", translation.DEFAULT_TOKENS_PER_BATCH,
-                         "Throughput mode: the decoding batch budget (translation.plan_batches).",
+    flags.DEFINE_integer("tokens_per_batch", None,
+                         "Throughput mode: the decoding batch budget (translation.plan_batches); "
+                         "default: the model's (translation.default_tokens_per_batch).",
                          flag_values=flag_values)
     flags.DEFINE_integer("peak_repeats", 20, "Timed runs of the 2048^3 matmul peak; MFU divides by the "
                          "best of them.", flag_values=flag_values)
@@ -235,4 +238,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     define_flags()
-    errors.run_main(main)
+    errors.run_main(main, keep_freed_memory=False)  # decoding: see runtime/host_memory.py

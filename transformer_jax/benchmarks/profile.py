@@ -160,4 +160,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     define_flags()
-    errors.run_main(main)
+    errors.run_main(main, keep_freed_memory=False)  # decoding: see runtime/host_memory.py

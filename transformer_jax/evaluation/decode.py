@@ -47,7 +47,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.evaluation import kv_cache, paper
+from transformer_jax.evaluation import kv_cache, paper, top_k
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import EOS_ID, PAD_ID
 
@@ -312,7 +312,7 @@ def _beam_step(state: _BeamState, stepper: kv_cache.Stepper, *, beam_size: int, 
     row_k = min(2 * beam_size, logits.shape[-1])
     shifted = logits - jnp.max(logits, axis=-1, keepdims=True)  # [B*K, V]
     log_normalizer = jnp.log(jnp.sum(jnp.exp(shifted), axis=-1, keepdims=True))  # [B*K, 1]
-    row_top, row_token = jax.lax.top_k(_ban_tokens(shifted, t, min_len), row_k)  # [B*K, row_k]
+    row_top, row_token = top_k.top_k(_ban_tokens(shifted, t, min_len), row_k)  # [B*K, row_k]
     row_logprobs = jnp.maximum(row_top - log_normalizer, NEG_INF)  # banned stay NEG_INF
     candidates = (state.alive_logprobs[:, :, None]
                   + row_logprobs.reshape(batch, beam_size, row_k))  # [B, K, row_k]

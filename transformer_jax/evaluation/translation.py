@@ -14,7 +14,7 @@ batch holding every sentence.
 Shapes are few so that compilation stays cheap: ``L`` is a multiple of 8 up to 64, then grows by 1.25
 (``eval_batches.extended_buckets``), the last one cut to the longest sentence. Sentences a length
 cannot fill a batch with move up to the next length, so only the last batch is partial, and its rows
-are rounded up to a power of two.
+are rounded up to four sizes an octave (:func:`padded_rows`).
 """
 
 from __future__ import annotations
@@ -36,9 +36,12 @@ from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import EOS_ID, PAD_ID
 from transformer_jax.runtime.errors import ConfigError, DataError, MissingFileError
 
-# Decoder rows x cache positions per batch. Picked on the Multi30k model (2 CPU cores): beam 5 at
-# source length 16 gets 256 sentences (1,280 rows x 66 positions); see docs/benchmarks.md.
-DEFAULT_TOKENS_PER_BATCH = 96 * 1024
+# The default batch budget: decoder rows x cache positions whose self-attention keys and values take
+# this much memory. 192k positions for the Multi30k model (4 KiB each: 4 layers x 4 heads x (32 + 32)
+# float32), 32k for the base model. Picked on the Multi30k model (2 CPU cores, test2016, beam 5): 2 batch
+# shapes instead of 4 at half the budget, 17% less time with compilation, the same once compiled
+# (docs/benchmarks.md).
+CACHE_BYTES_PER_BATCH = 768 * 2**20
 _LENGTHS = (8, 16, 24, 32, 40, 48, 56, 64)  # padded source lengths; longer ones grow by 1.25
 _ROW_MULTIPLE = 8
 
@@ -61,8 +64,15 @@ class Batch:
     rows: int
 
 
-def plan_batches(lengths: Sequence[int], *, beams: int, max_extra_len: int,
-                 tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH,
+def default_tokens_per_batch(model_config: ModelConfig) -> int:
+    """The budget of :func:`plan_batches` whose self-attention cache takes ``CACHE_BYTES_PER_BATCH``."""
+    cfg = model_config
+    position_bytes = (cfg.num_decoder_layers * cfg.num_heads * (cfg.d_k + cfg.d_v)
+                      * np.dtype(cfg.compute_dtype).itemsize)
+    return max(1, CACHE_BYTES_PER_BATCH // position_bytes)
+
+
+def plan_batches(lengths: Sequence[int], *, beams: int, max_extra_len: int, tokens_per_batch: int,
                  max_src_len: int | None = None) -> list[Batch]:
     """Batches covering every sentence exactly once, shortest first.
 
@@ -95,10 +105,20 @@ def plan_batches(lengths: Sequence[int], *, beams: int, max_extra_len: int,
         full = len(members) if last else len(members) - len(members) % size
         for start in range(0, full, size):
             real = members[start:min(start + size, full)]
-            rows = size if len(real) == size else min(size, 1 << (len(real) - 1).bit_length())
+            rows = size if len(real) == size else min(size, padded_rows(len(real)))
             batches.append(Batch(real, src_len, rows))
         carried = members[full:]
     return batches
+
+
+def padded_rows(n: int) -> int:
+    """Rows for a partial batch of n sentences: 1, 2, 4 or 8 up to 8, then a multiple of 8 that is
+    1, 1.25, 1.5 or 1.75 times a power of two (144 -> 160), so that a padding row costs at most a
+    quarter more and few shapes are compiled. A padding row runs every step as a sentence does."""
+    if n <= _ROW_MULTIPLE:
+        return 1 << (n - 1).bit_length()
+    step = max(_ROW_MULTIPLE, 1 << ((n - 1).bit_length() - 3))
+    return -(-n // step) * step
 
 
 def _padded(ids: Sequence[np.ndarray], indices: np.ndarray, rows: int, src_len: int) -> np.ndarray:
@@ -110,7 +130,7 @@ def _padded(ids: Sequence[np.ndarray], indices: np.ndarray, rows: int, src_len: 
 
 
 def decode_ids(params: Any, model_config: ModelConfig, ids: Sequence[np.ndarray], settings: Settings,
-               *, tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH,
+               *, tokens_per_batch: int | None = None,
                progress: Callable[[int], None] | None = None) -> list[np.ndarray]:
     """Searches every sentence; returns the outputs in the input order.
 
@@ -119,7 +139,8 @@ def decode_ids(params: Any, model_config: ModelConfig, ids: Sequence[np.ndarray]
       model_config: the model (decoded deterministically).
       ids: int32[len_i] source ids, EOS included; each ``len_i + max_extra_len <= model max_len``.
       settings: the search.
-      tokens_per_batch: the batch budget of :func:`plan_batches`.
+      tokens_per_batch: the batch budget of :func:`plan_batches`; None: the model's
+        :func:`default_tokens_per_batch`.
       progress: called with the number of sentences each batch finished.
 
     Returns:
@@ -130,7 +151,20 @@ def decode_ids(params: Any, model_config: ModelConfig, ids: Sequence[np.ndarray]
         raise ValueError(f"a source longer than model max_len={model_config.max_len} - max_extra_len="
                          f"{settings.max_extra_len} tokens; check lengths first (translate_texts does)")
     beams = settings.beam_size
+    if tokens_per_batch is None:
+        tokens_per_batch = default_tokens_per_batch(model_config)
     outputs: list[np.ndarray | None] = [None] * len(ids)
+
+    def collect(batch: Batch, tokens) -> None:
+        tokens = np.asarray(tokens)  # waits for the search
+        for r, i in enumerate(batch.indices):  # each to its own limit: PAD beyond it in any batch
+            outputs[i] = tokens[r, :len(ids[i]) + settings.max_extra_len]
+        if progress is not None:
+            progress(len(batch.indices))
+
+    # A search runs while the next batch is traced and compiled (dispatch is asynchronous), so each
+    # batch is collected only after the next one has been dispatched.
+    pending = None
     for batch in plan_batches([len(s) for s in ids], beams=beams, max_extra_len=settings.max_extra_len,
                               tokens_per_batch=tokens_per_batch,
                               max_src_len=model_config.max_len - settings.max_extra_len):
@@ -143,11 +177,11 @@ def decode_ids(params: Any, model_config: ModelConfig, ids: Sequence[np.ndarray]
             tokens, _ = decode.beam_search(params, model_config, inputs, beam_size=beams,
                                            alpha=settings.alpha, max_len=max_len,
                                            max_extra_len=settings.max_extra_len)
-        tokens = np.asarray(tokens)
-        for r, i in enumerate(batch.indices):  # each to its own limit: PAD beyond it in any batch
-            outputs[i] = tokens[r, :len(ids[i]) + settings.max_extra_len]
-        if progress is not None:
-            progress(len(batch.indices))
+        if pending is not None:
+            collect(*pending)
+        pending = (batch, tokens)
+    if pending is not None:
+        collect(*pending)
     return outputs
 
 
@@ -175,7 +209,7 @@ def source_ids(tokenizer, texts: Sequence[str], *, max_length: int, truncate: bo
 
 def translate_texts(params: Any, model_config: ModelConfig, tokenizer, texts: Sequence[str],
                     settings: Settings, *, truncate: bool = False,
-                    tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH,
+                    tokens_per_batch: int | None = None,
                     locations: Sequence[str] | None = None,
                     progress: Callable[[int], None] | None = None) -> list[str]:
     """Detokenized translations of ``texts``, in their order; an empty (or blank) text gives "".
@@ -232,7 +266,7 @@ def translate_workdir(workdir: str, *, input_path: str | None = None, output_pat
                       step: int | None = None, average_last: int | None = None,
                       beam_size: int | None = None,
                       alpha: float | None = None, max_extra_len: int | None = None,
-                      truncate: bool = False, tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH,
+                      truncate: bool = False, tokens_per_batch: int | None = None,
                       show_progress: bool | None = None) -> dict[str, Any]:
     """Translates the lines of ``input_path`` (or stdin) with a ``train.py`` workdir, into ``output_path``.
 

@@ -188,17 +188,20 @@ def parse_flags(argv: list[str]) -> list[str]:
     return remaining
 
 
-def run_main(main: Callable[[list[str]], Any], *, takes_args: bool = False) -> None:
+def run_main(main: Callable[[list[str]], Any], *, takes_args: bool = False,
+             keep_freed_memory: bool = True) -> None:
     """``absl.app.run(main)`` for every entry point: the one opening all ``main`` functions share.
 
-    Before ``main`` runs: glibc's malloc keeps freed memory (``host_memory``, before jax starts its
-    threads) and, unless ``takes_args`` (``main`` checks them: a data set name, a subcommand), stray
-    positional arguments are a usage error. User errors, flag errors (``parse_flags``) and usage errors
+    Before ``main`` runs: unless ``keep_freed_memory`` is False (the entry points that only decode),
+    glibc's malloc keeps freed memory (``host_memory``, before jax starts its threads) and, unless
+    ``takes_args`` (``main`` checks them: a data set name, a subcommand), stray positional arguments
+    are a usage error. User errors, flag errors (``parse_flags``) and usage errors
     print one ``error:`` line and a hint, and exit 1 (see the module docstring).
     """
 
     def opened(argv: list[str]) -> Any:
-        host_memory.keep_freed_memory()
+        if keep_freed_memory:
+            host_memory.keep_freed_memory()
         if len(argv) > 1 and not takes_args:
             raise app.UsageError(f"unexpected arguments {argv[1:]}: flags are written --name=value "
                                  "(--helpshort lists them)")
