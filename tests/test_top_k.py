@@ -37,29 +37,6 @@ def test_equals_lax_top_k_with_ties_banned_and_infinite_entries(width, k):
     np.testing.assert_array_equal(index, expected_index)
 
 
-@pytest.mark.parametrize("width, k", [(8000, 10), (997, 6), (40, 6)])
-def test_banned_entries_rank_as_fill_exactly_as_lax_top_k_of_the_masked_rows(width, k):
-    """``banned`` equals lax.top_k of the rows with the banned entries replaced by ``fill``: banned
-    entries that would be the best drop out, and where fewer than k entries are allowed the banned ones
-    fill in at ``fill``, lower index first."""
-    rng = np.random.default_rng(width)
-    x = rng.standard_normal((6, width)).astype(np.float32)
-    banned = np.zeros(width, bool)
-    banned[[0, 1, width // 2, width - 1]] = True
-    x[:, banned] = 5.0  # the best entries of every row, until banned
-    x[1] = rng.integers(0, 3, size=width)  # ties
-    x[2] = -np.inf
-    x[2, 3] = 0.0  # one allowed finite entry: the rest of the top k are banned (fill) and -inf
-    x[3, :] = NEG_INF  # only fill values, tied with the banned ones
-    x = jnp.asarray(x)
-    masked = jnp.where(jnp.asarray(banned)[None], NEG_INF, x)
-    top = jax.jit(lambda x, banned: top_k_lib.top_k(x, k, banned=banned, max_banned=4, fill=NEG_INF))
-    values, index = top(x, jnp.asarray(banned))
-    expected_values, expected_index = jax.lax.top_k(masked, k)
-    np.testing.assert_array_equal(values, expected_values)
-    np.testing.assert_array_equal(index, expected_index)
-
-
 def test_chunk_size_picks_a_divisor_near_the_cheapest_and_short_rows_use_one_top_k():
     """sqrt(width / k) entries a chunk (28.3 for 8,000 / 10: the divisor 25); none for short rows;
     a prime width gets the rounded size and is padded."""

@@ -81,15 +81,11 @@ def sequence_lengths(tokens: Array) -> Array:
     return jnp.sum(tokens != PAD_ID, axis=-1).astype(jnp.int32)
 
 
-def _banned(vocab: int, t: Array, min_len: Array | int) -> Array:
-    """bool[vocab]: PAD always, and EOS while t < min_len (their scores become NEG_INF)."""
-    vocab_ids = jnp.arange(vocab)
-    return (vocab_ids == PAD_ID) | ((vocab_ids == EOS_ID) & (t < min_len))
-
-
 def _ban_tokens(scores: Array, t: Array, min_len: Array | int) -> Array:
-    """float32[n, vocab] scores with the :func:`_banned` tokens set to NEG_INF."""
-    return jnp.where(_banned(scores.shape[-1], t, min_len)[None, :], NEG_INF, scores)
+    """float32[n, vocab] scores with PAD banned always and EOS banned while t < min_len (set to NEG_INF)."""
+    vocab_ids = jnp.arange(scores.shape[-1])
+    banned = (vocab_ids == PAD_ID) | ((vocab_ids == EOS_ID) & (t < min_len))  # [V]
+    return jnp.where(banned[None, :], NEG_INF, scores)
 
 
 def _argmax(x: Array) -> Array:
@@ -316,8 +312,7 @@ def _beam_step(state: _BeamState, stepper: kv_cache.Stepper, *, beam_size: int, 
     row_k = min(2 * beam_size, logits.shape[-1])
     shifted = logits - jnp.max(logits, axis=-1, keepdims=True)  # [B*K, V]
     log_normalizer = jnp.log(jnp.sum(jnp.exp(shifted), axis=-1, keepdims=True))  # [B*K, 1]
-    row_top, row_token = top_k.top_k(shifted, row_k, banned=_banned(shifted.shape[-1], t, min_len),
-                                     max_banned=2, fill=NEG_INF)  # [B*K, row_k]; PAD and EOS
+    row_top, row_token = top_k.top_k(_ban_tokens(shifted, t, min_len), row_k)  # [B*K, row_k]
     row_logprobs = jnp.maximum(row_top - log_normalizer, NEG_INF)  # banned stay NEG_INF
     candidates = (state.alive_logprobs[:, :, None]
                   + row_logprobs.reshape(batch, beam_size, row_k))  # [B, K, row_k]

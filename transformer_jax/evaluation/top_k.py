@@ -41,43 +41,24 @@ def chunk_size(width: int, k: int) -> int | None:
     return min(divisors, key=lambda d: abs(d - best)) if divisors else max(1, round(best))
 
 
-def top_k(x: Array, k: int, *, banned: Array | None = None, max_banned: int = 0,
-          fill: float = -math.inf) -> tuple[Array, Array]:
-    """``jax.lax.top_k(where(banned, fill, x), k)`` of float[rows, width] without NaN: the same values
-    and int32 indices.
-
-    ``banned`` (bool[width], the same for every row, at most ``max_banned`` entries True) is applied to
-    the candidates of step 2 only, so the masked [rows, width] array is never written (at beam search's
-    2,960 x 8,000 that copy cost as much as the top-k). Step 1 ranks each chunk by an upper bound of
-    its masked maximum: its unmasked maximum, raised to ``fill`` if it holds a banned entry. The bound is
-    exact except for the at most ``max_banned`` chunks that hold a banned entry, so step 1 keeps ``k +
-    max_banned`` chunks: before the chunk of an entry among the first k there are at most k - 1 chunks
-    ranked by their exact maxima (the argument above) and the overrated ones.
+def top_k(x: Array, k: int) -> tuple[Array, Array]:
+    """``jax.lax.top_k(x, k)`` of float[rows, width] without NaN: the same values and int32 indices.
 
     Returns:
       float[rows, k] the k largest entries of each row, largest first, and int32[rows, k] their
       indices (the lower index first among equal values).
     """
     rows, width = x.shape
-    if banned is None:
-        max_banned = 0
-    size = chunk_size(width, k + max_banned)
+    size = chunk_size(width, k)
     if size is None:
-        return jax.lax.top_k(x if banned is None else jnp.where(banned[None, :], fill, x), k)
+        return jax.lax.top_k(x, k)
     chunks = -(-width // size)
-    kept_chunks = k + max_banned
     if chunks * size != width:  # -inf padding comes after every entry: lower value or higher index
         x = jnp.pad(x, ((0, 0), (0, chunks * size - width)), constant_values=-jnp.inf)
     blocks = x.reshape(rows, chunks, size)
-    chunk_max = jnp.max(blocks, axis=2)  # [rows, chunks]
-    if banned is not None:
-        banned = jnp.pad(banned, (0, chunks * size - width)).reshape(chunks, size)
-        chunk_max = jnp.where(jnp.any(banned, axis=1)[None], jnp.maximum(chunk_max, fill), chunk_max)
-    _, best = jax.lax.top_k(chunk_max, kept_chunks)  # [rows, kept_chunks] chunk indices
+    _, best = jax.lax.top_k(jnp.max(blocks, axis=2), k)  # [rows, k] chunk indices
     best = jnp.sort(best, axis=1)  # index order, for the ties of step 2
-    candidates = jnp.take_along_axis(blocks, best[:, :, None], axis=1)  # [rows, kept_chunks, size]
-    if banned is not None:
-        candidates = jnp.where(banned[best], fill, candidates)
-    values, where = jax.lax.top_k(candidates.reshape(rows, kept_chunks * size), k)  # [rows, k]
+    candidates = jnp.take_along_axis(blocks, best[:, :, None], axis=1).reshape(rows, k * size)
+    values, where = jax.lax.top_k(candidates, k)  # [rows, k]
     index = jnp.take_along_axis(best, where // size, axis=1) * size + where % size
     return values, index.astype(jnp.int32)
