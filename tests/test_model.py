@@ -95,6 +95,30 @@ def test_sinusoidal_table_matches_the_formula():
     np.testing.assert_allclose(table[pos, 2 * i + 1], np.cos(pos / 10000 ** (2 * i / 6)), atol=1e-6)
 
 
+def test_dense_kernels_draw_from_glorot_uniform_with_the_documented_fans():
+    """``_dense_init``: fan_in is axis -2 and fan_out axis -1, both times the other axes. So the FFN
+    kernels get Glorot's own bound, and W^Q [d_model, h, d_k] gets fans (h * d_model, d_k * d_model),
+    not the (d_model, h * d_k) of the matrix it stands for: pinned, since every documented run used it."""
+    cfg = ModelConfig(vocab_size=VOCAB, d_model=64, d_ff=96, num_heads=4, d_k=16, d_v=8,
+                      num_encoder_layers=1, num_decoder_layers=1, max_len=16)
+    params = model_lib.init_params(cfg, rng=jax.random.key(0))
+    fans = {"query": (4 * 64, 16 * 64), "key": (4 * 64, 16 * 64), "value": (4 * 64, 8 * 64),
+            "out": (8 * 4, 64 * 4), "wi": (64, 96), "wo": (96, 64)}
+    checked = 0
+    for path, kernel in jax.tree_util.tree_leaves_with_path(params):
+        names = [key.key for key in path]
+        name = names[-2] if names[-1] == "kernel" else names[-1]
+        if name not in fans:
+            continue
+        bound = np.sqrt(6.0 / sum(fans[name]))
+        kernel = np.asarray(kernel)
+        assert np.abs(kernel).max() <= bound, names
+        # U(-b, b) has variance b^2 / 3; 2,048 or more draws estimate it within a few percent.
+        np.testing.assert_allclose(kernel.var(), bound**2 / 3, rtol=0.12, err_msg=str(names))
+        checked += 1
+    assert checked == 3 * 4 + 2 * 2  # 3 attention modules of 4 kernels, 2 feed-forward blocks of 2
+
+
 def test_future_target_perturbation_leaves_earlier_logits_bit_identical(tiny_params):
     model = Transformer(_tiny())
     inputs, targets = _tokens(2, (BATCH, SRC_LEN)), np.array(_tokens(3, (BATCH, TGT_LEN)))
