@@ -58,9 +58,9 @@ def _dense_init():
 
     For the 2-D feed-forward kernels this is Glorot's bound. The head-split attention kernels draw smaller
     than the matrices they stand for: W^Q [d_model, h, d_k] has std sqrt(2 / (d_model * (h + d_k))), not
-    sqrt(2 / (d_model + h * d_k)) (1/4.2 of it at d_model 128, h 4), and W^O [h, d_v, d_model] 1/1.6 of
-    it. Every documented run used this; docs/multi30k.md ("What we tried") measures the matrices' own
-    fans (``xavier_uniform(in_axis=0, out_axis=(1, 2))`` for W^Q).
+    sqrt(2 / (d_model + h * d_k)) (1/4.2 of it at d_model 128, h 4, d_k 32), and W^O [h, d_v, d_model]
+    1/1.6 of it. Every documented run used this; docs/multi30k.md ("What we tried") measures the
+    matrices' own fans (``xavier_uniform(in_axis=0, out_axis=(1, 2))`` for W^Q).
     """
     return nn.initializers.xavier_uniform()
 
