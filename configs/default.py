@@ -53,6 +53,9 @@ def get_config() -> ml_collections.ConfigDict:
         num_heads=4,  # h
         num_encoder_layers=3,  # N for the encoder
         num_decoder_layers=3,  # N for the decoder
+        # flax's default axes on the head-split attention kernels: attention starts near uniform. On this
+        # 1000-step task the matrices' own fans lose 5 dev BLEU over 3 seeds (docs/translation.md).
+        attention_init="narrow",
     )
 
     # Optimization (section 5.3): Adam and the warmup / inverse-square-root schedule.

@@ -76,6 +76,7 @@ def test_base_param_count_by_hand():
     (dict(dropout_rate=-0.1), r"dropout_rate must be in \[0, 1\)"),
     (dict(position_encoding="rotary"), "position_encoding must be one of .* got 'rotary'"),
     (dict(norm_style="sandwich"), "norm_style must be one of"),
+    (dict(attention_init="xavier"), "attention_init must be one of .* got 'xavier'"),
     (dict(dtype="float16"), "dtype must be one of"),
 ])
 def test_config_validation_errors(fields, message):
@@ -95,15 +96,22 @@ def test_sinusoidal_table_matches_the_formula():
     np.testing.assert_allclose(table[pos, 2 * i + 1], np.cos(pos / 10000 ** (2 * i / 6)), atol=1e-6)
 
 
-def test_dense_kernels_draw_from_glorot_uniform_with_the_documented_fans():
-    """``_dense_init``: fan_in is axis -2 and fan_out axis -1, both times the other axes. So the FFN
-    kernels get Glorot's own bound, and W^Q [d_model, h, d_k] gets fans (h * d_model, d_k * d_model),
-    not the (d_model, h * d_k) of the matrix it stands for: pinned, since every documented run used it."""
+MATRIX_FANS = {"query": (64, 4 * 16), "key": (64, 4 * 16), "value": (64, 4 * 8), "out": (4 * 8, 64)}
+# flax's default axes on [d_model, h, d_k] and [h, d_v, d_model]: fan_in axis -2, fan_out -1, times the rest.
+NARROW_FANS = {"query": (4 * 64, 16 * 64), "key": (4 * 64, 16 * 64), "value": (4 * 64, 8 * 64),
+               "out": (8 * 4, 64 * 4)}
+
+
+@pytest.mark.parametrize("attention_init, attention_fans",
+                         [("matrix", MATRIX_FANS), ("narrow", NARROW_FANS)])
+def test_every_kernel_draws_from_glorot_uniform_with_its_fans(attention_init, attention_fans):
+    """With "matrix", W^Q, W^K, W^V [d_model, h, d_k] and W^O [h, d_v, d_model] are the paper's
+    d_model x (h * d_k) and (h * d_v) x d_model matrices split by head, so Glorot's bound
+    sqrt(6 / (fan_in + fan_out)) takes those fans, as for the 2-D feed-forward kernels."""
     cfg = ModelConfig(vocab_size=VOCAB, d_model=64, d_ff=96, num_heads=4, d_k=16, d_v=8,
-                      num_encoder_layers=1, num_decoder_layers=1, max_len=16)
+                      num_encoder_layers=1, num_decoder_layers=1, max_len=16, attention_init=attention_init)
     params = model_lib.init_params(cfg, rng=jax.random.key(0))
-    fans = {"query": (4 * 64, 16 * 64), "key": (4 * 64, 16 * 64), "value": (4 * 64, 8 * 64),
-            "out": (8 * 4, 64 * 4), "wi": (64, 96), "wo": (96, 64)}
+    fans = {**attention_fans, "wi": (64, 96), "wo": (96, 64)}
     checked = 0
     for path, kernel in jax.tree_util.tree_leaves_with_path(params):
         names = [key.key for key in path]

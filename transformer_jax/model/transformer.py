@@ -53,16 +53,16 @@ def sinusoidal_table(max_len: int, d_model: int) -> np.ndarray:
     return table.astype(np.float32)
 
 
-def _dense_init():
-    """Glorot (Xavier) uniform with flax's default axes: fan_in is axis -2, fan_out axis -1, times the rest.
+def _dense_init(in_axis: int | tuple[int, ...] = -2, out_axis: int | tuple[int, ...] = -1):
+    """Glorot (Xavier) uniform over the matrix a kernel stands for: the fans are its input and output axes.
 
-    For the 2-D feed-forward kernels this is Glorot's bound. The head-split attention kernels draw smaller
-    than the matrices they stand for: W^Q [d_model, h, d_k] has std sqrt(2 / (d_model * (h + d_k))), not
-    sqrt(2 / (d_model + h * d_k)) (1/4.2 of it at d_model 128, h 4, d_k 32), and W^O [h, d_v, d_model]
-    1/1.6 of it. Every documented run used this; docs/multi30k.md ("What we tried") measures the
-    matrices' own fans (``xavier_uniform(in_axis=0, out_axis=(1, 2))`` for W^Q).
-    """
-    return nn.initializers.xavier_uniform()
+    A head-split kernel names them: W^Q [d_model, h, d_k] draws as its d_model x (h * d_k) matrix."""
+    return nn.initializers.xavier_uniform(in_axis=in_axis, out_axis=out_axis)
+
+
+def _attention_init(config: ModelConfig, in_axis: int | tuple[int, ...], out_axis: int | tuple[int, ...]):
+    """A head-split kernel's init: its matrix's fans, or flax's default axes (``config.attention_init``)."""
+    return _dense_init() if config.attention_init == "narrow" else _dense_init(in_axis, out_axis)
 
 
 def _constrain(x: Array, axes: tuple[str, ...]) -> Array:
@@ -141,7 +141,8 @@ class MultiHeadAttention(nn.Module):
     def _kernel(self, name: str, head_dim: int) -> Array:
         cfg = self.config
         kernel = self.param(
-            name, nn.with_logical_partitioning(_dense_init(), (EMBED, HEADS, KV)),
+            name, nn.with_logical_partitioning(
+                _attention_init(cfg, in_axis=0, out_axis=(1, 2)), (EMBED, HEADS, KV)),
             (cfg.d_model, cfg.num_heads, head_dim), jnp.float32)
         return kernel.astype(cfg.compute_dtype)
 
@@ -199,7 +200,8 @@ class MultiHeadAttention(nn.Module):
             self.sow("intermediates", "queries", query)  # [B, Q, H, d_k]
             self.sow("intermediates", "keys", key)  # [B, K, H, d_k]
         out_kernel = self.param(
-            "out", nn.with_logical_partitioning(_dense_init(), (HEADS, KV, EMBED)),
+            "out", nn.with_logical_partitioning(
+                _attention_init(cfg, in_axis=(0, 1), out_axis=2), (HEADS, KV, EMBED)),
             (cfg.num_heads, cfg.d_v, cfg.d_model), jnp.float32)
         out = jnp.einsum("blhk,hkd->bld", out, out_kernel.astype(cfg.compute_dtype))
         return _constrain(out, (BATCH, LENGTH, EMBED))
