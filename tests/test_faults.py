@@ -256,3 +256,11 @@ def test_a_changed_model_config_names_the_fields_and_damages_nothing(tmp_path, r
     assert saved_steps(workdir) == list(range(1, STEPS + 1))
     assert not glob.glob(f"{workdir}/checkpoints/*damaged*")
     assert not [r for r in caplog.records if "damaged" in r.getMessage()]
+
+
+def test_the_init_alone_may_differ_on_resume_even_when_the_saved_config_predates_it():
+    new = {"model": {"d_model": 16, "attention_init": "matrix"}, "data": {"vocab_size": 64}}
+    for saved_model in ({"d_model": 16}, {"d_model": 16, "attention_init": "narrow"}):
+        assert integrity.model_differences({"model": saved_model, "data": {"vocab_size": 64}}, new) == []
+    assert integrity.model_differences({"model": {"d_model": 32}, "data": {"vocab_size": 64}}, new) == [
+        "model.d_model: saved 32, new 16"]

@@ -184,6 +184,9 @@ def _flatten(tree: Any, prefix: str) -> dict[str, Any]:
 # The config fields that decide the arrays' shapes and meaning; the rest (steps, schedules) may change.
 COMPARED_SECTIONS = ("model",)
 COMPARED_DATA_FIELDS = ("vocab_size", "vocab_type")
+# How step 0 draws the arrays, not what they are: a resumed run restores them, so these may differ (and
+# are missing from the configs saved before they existed).
+INIT_ONLY_FIELDS = ("model.attention_init",)
 
 
 def _as_dict(config: Any) -> dict:
@@ -194,7 +197,8 @@ def model_differences(saved_config: Any, new_config: Any) -> list[str]:
     """``["model.d_model: saved 32, new 64", ...]``: the model and vocabulary fields that differ.
 
     Both configs may be dicts (a checkpoint's saved JSON) or ConfigDicts. A field missing on one side
-    counts as a difference only if the other side sets it to something other than None.
+    counts as a difference only if the other side sets it to something other than None. Fields that
+    only choose the initialization (``INIT_ONLY_FIELDS``) are not compared.
     """
     saved, new = _as_dict(saved_config), _as_dict(new_config)
     old_fields, new_fields = {}, {}
@@ -206,7 +210,7 @@ def model_differences(saved_config: Any, new_config: Any) -> list[str]:
             if name in config.get("data", {}):
                 fields[f"data.{name}"] = config["data"][name]
     out = []
-    for key in sorted(set(old_fields) | set(new_fields)):
+    for key in sorted((set(old_fields) | set(new_fields)) - set(INIT_ONLY_FIELDS)):
         old, cur = old_fields.get(key), new_fields.get(key)
         if old != cur:
             out.append(f"{key}: saved {old!r}, new {cur!r}")
