@@ -8,11 +8,10 @@ two lines and exits 1 (TRANSFORMER_JAX_TRACEBACK=1 shows the traceback).
 
 import os
 
-import jax
 from absl import flags, logging
 
 from transformer_jax import run_config
-from transformer_jax.runtime import errors
+from transformer_jax.runtime import errors, sharding
 from transformer_jax.training import loop
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "default.py")
@@ -21,13 +20,13 @@ _CONFIG = run_config.define_config_file(
 _WORKDIR = flags.DEFINE_string("workdir", "workdir", "Directory for checkpoints, tokenizer, metrics.")
 _MULTIPROCESS = flags.DEFINE_bool(
     "multiprocess", False,
-    "Call jax.distributed.initialize() first (multi-host: TPU pods, SLURM, or the JAX_COORDINATOR_* "
-    "environment variables).")
+    "Join a multi-process job first (jax.distributed.initialize: TPU pods, Slurm's srun, or the "
+    "JAX_COORDINATOR_* environment variables; CPU processes all-reduce through gloo).")
 
 
 def main(argv):
     if _MULTIPROCESS.value:
-        jax.distributed.initialize()
+        sharding.initialize_multiprocess()
     logging.set_verbosity(logging.WARNING)
     run = run_config.build_run_config(_CONFIG.value)  # every field and input file, checked once
     loop.train_and_evaluate(run, _WORKDIR.value)

@@ -6,8 +6,10 @@ train.py and evaluate.py would (the final ``metrics.jsonl`` record and ``eval/de
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from absl import flags
@@ -187,11 +189,11 @@ def test_invalid_model_fails_before_anything_trains(tmp_path, monkeypatch, capsy
     with pytest.raises(ValueError, match=r"row 'model.num_heads=3'.*not divisible by num_heads=3"):
         grid.validate_rows(rows)
     code = run("--grid", "model.num_heads=4,3", "--workdir", str(tmp_path / "s"))
-    assert code == 2 and calls == []
+    assert code == 1 and calls == []
     assert "not divisible" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()  # nothing was written either
-    assert run("--grid", "model.num_heads=x", "--workdir", str(tmp_path / "s")) == 2
-    assert run("--grid", "table3", "--rows", "A-heads3", "--workdir", str(tmp_path / "s")) == 2
+    assert run("--grid", "model.num_heads=x", "--workdir", str(tmp_path / "s")) == 1
+    assert run("--grid", "table3", "--rows", "A-heads3", "--workdir", str(tmp_path / "s")) == 1
     assert calls == []
 
 
@@ -294,7 +296,55 @@ def test_a_workdir_holds_one_sweep(tmp_path, monkeypatch):
     monkeypatch.setattr(launchers, "run_command", FakeRunner())
     assert run("--rows", "base", "--scale", "cpu", "--workdir", str(tmp_path)) == 0
     assert run("--rows", "base", "--scale", "paper", "--workdir", str(tmp_path),
-               "--launcher", "print") == 2
+               "--launcher", "print") == 1
+
+
+# A stand-in for a row's train.py: notes the signal it gets, then exits 0 (as train.py does after saving).
+_ROW = """
+import signal, sys, time
+log = open(sys.argv[1], "a")
+stop = lambda s, f: (log.write(f"saved and stopped by {signal.Signals(s).name}\\n"), log.flush(), sys.exit(0))
+signal.signal(signal.SIGTERM, stop)
+signal.signal(signal.SIGINT, stop)
+log.write("started\\n"); log.flush()
+time.sleep(60)
+"""
+# A launcher running that row through ``run_command`` (its log is the row's "train.log").
+_LAUNCHER = """
+import sys
+from transformer_jax.sweep import launchers
+code = launchers.run_command([sys.executable, "-c", sys.argv[1], sys.argv[2]], sys.argv[3])
+print("exit", code, flush=True)
+"""
+
+
+def _launch_row(tmp_path):
+    marks, log = tmp_path / "marks", tmp_path / "row" / "train.log"
+    log.parent.mkdir()
+    launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER, _ROW, str(marks), str(log)],
+                                cwd=launchers.REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not (marks.exists() and "started" in marks.read_text()) and time.time() < deadline:
+        time.sleep(0.05)
+    return launcher, marks
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_the_launcher_passes_a_signal_to_its_row_and_waits_for_it(tmp_path, signum):
+    launcher, marks = _launch_row(tmp_path)
+    launcher.send_signal(signum)
+    out, _ = launcher.communicate(timeout=60)
+    assert marks.read_text() == f"started\nsaved and stopped by {signum.name}\n" and "exit 0" in out
+
+
+def test_a_row_stops_when_its_launcher_is_killed(tmp_path):
+    launcher, marks = _launch_row(tmp_path)
+    launcher.kill()  # kill -9: no handler runs; the row gets SIGTERM from the kernel (PR_SET_PDEATHSIG)
+    launcher.wait(timeout=60)
+    deadline = time.time() + 30
+    while "saved and stopped" not in marks.read_text() and time.time() < deadline:
+        time.sleep(0.05)
+    assert marks.read_text() == "started\nsaved and stopped by SIGTERM\n"
 
 
 def test_print_and_slurm_launchers(tmp_path, capsys):
@@ -318,14 +368,14 @@ def test_overrides_reach_every_row_typed(tmp_path, capsys):
     base, learned = grid.table3_rows("base,E", "cpu", overrides=["train.warmup_steps=7"])
     assert base.overrides == learned.overrides == (("train.warmup_steps", 7),)  # an int, as the field
     assert learned.changes == (("position_encoding", "learned"),)  # overrides are not changes
-    assert run("--rows", "E", "--scale", "cpu", "--override", "warmup", "--workdir", str(tmp_path / "x")) == 2
+    assert run("--rows", "E", "--scale", "cpu", "--override", "warmup", "--workdir", str(tmp_path / "x")) == 1
     assert run("--rows", "E", "--scale", "cpu", "--override", "train.warmup_steps=x",
-               "--workdir", str(tmp_path / "x")) == 2
-    assert run("--grid", "model.num_heads=2,4", "--override", "seed=1", "--workdir", str(tmp_path / "x")) == 2
+               "--workdir", str(tmp_path / "x")) == 1
+    assert run("--grid", "model.num_heads=2,4", "--override", "seed=1", "--workdir", str(tmp_path / "x")) == 1
     assert "key=value" in capsys.readouterr().err
     # Data elsewhere than the config says: every row's files are checked before anything runs.
     assert run("--rows", "E", "--scale", "multi30k", "--override", f"data.dir={tmp_path / 'none'}",
-               "--workdir", str(tmp_path / "m"), "--launcher", "print") == 2
+               "--workdir", str(tmp_path / "m"), "--launcher", "print") == 1
     assert str(tmp_path / "none") in capsys.readouterr().err and not (tmp_path / "m").exists()
 
 
@@ -347,7 +397,7 @@ def test_base_seeds_are_extra_rows_in_every_launcher(tmp_path, monkeypatch):
     script = (tmp_path / "slurm" / "sweep.sbatch").read_text()
     assert "#SBATCH --array=0-3" in script and "#   1: base-seed1" in script
     assert "--rows=base,E-learned-pos --base_seeds=3" in script  # task i rebuilds the same 4 rows
-    assert run("--rows", "E", "--base_seeds", "0", "--scale", "cpu", "--workdir", str(tmp_path / "x")) == 2
+    assert run("--rows", "E", "--base_seeds", "0", "--scale", "cpu", "--workdir", str(tmp_path / "x")) == 1
 
 
 def test_report_reads_rows_run_by_hand(tmp_path, capsys):
@@ -392,3 +442,10 @@ def test_the_command_line_takes_its_subcommand():
                            "--rows", "C"], cwd=repo, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "| C-dff4096 | d_ff=512 |" in done.stdout
+
+
+def test_sweep_errors_are_one_line_and_the_hint(tmp_path, capsys):
+    assert run("--grid", "model.num_heads=x", "--workdir", str(tmp_path / "s")) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and err[0].startswith("error: "), err
+    assert err[1] == "(set TRANSFORMER_JAX_TRACEBACK=1 for the traceback)"

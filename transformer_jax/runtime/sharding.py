@@ -20,6 +20,14 @@ from transformer_jax.model import axes
 MESH_AXES = ("data", "model")
 
 
+def initialize_multiprocess() -> None:
+    """Joins this process to a multi-process job: ``jax.distributed.initialize()``, which finds the job
+    itself under Slurm, on a TPU pod, or from the ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` /
+    ``JAX_PROCESS_ID`` environment. CPU processes all-reduce through gloo (GPUs and TPUs ignore it)."""
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize()
+
+
 def resolve_mesh_shape(mesh_shape, num_devices: int) -> tuple[int, int]:
     """Replaces a -1 in (data, model) by what fills ``num_devices``; checks the product."""
     shape = tuple(int(s) for s in mesh_shape)

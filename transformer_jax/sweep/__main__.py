@@ -17,6 +17,7 @@ import sys
 
 from absl import app, flags
 
+from transformer_jax import slurm
 from transformer_jax.evaluation import paper
 from transformer_jax.runtime import errors
 from transformer_jax.sweep import grid, launchers, report
@@ -59,22 +60,32 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_string("python", None, "Interpreter in the commands (default: this one for the local "
                         "launcher, 'python' for print and slurm).", flag_values=flag_values)
     flags.DEFINE_multi_string("slurm_option", [], "Extra #SBATCH line of the slurm launcher, e.g. "
-                              "--slurm_option=--gres=gpu:1 (repeatable).", flag_values=flag_values)
+                              "--slurm_option=--gres=gpu:1 or --slurm_option=--time=4:00:00 "
+                              "(repeatable).", flag_values=flag_values)
+    flags.DEFINE_integer("slurm_signal_seconds", slurm.DEFAULT_SIGNAL_SECONDS,
+                         "slurm launcher: seconds before a task's time limit its row saves a checkpoint "
+                         "and the task requeues itself.", flag_values=flag_values)
+    flags.DEFINE_bool("submit", False, "slurm launcher: also submit the array with sbatch and print its "
+                      "job id.", flag_values=flag_values)
 
 
 def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
     """Runs the command in ``argv[1:]`` (launch, report or params) with parsed ``flag_values``.
 
-    Returns the exit status: 0 done, 1 some rows failed (run again to resume), 2 bad input.
+    Returns the exit status: 0 done, 1 some rows failed (run again to resume) or bad input (one
+    ``error:`` line and the hint every entry point prints).
     """
     if len(argv) > 2 or (len(argv) == 2 and argv[1] not in COMMANDS):
         raise app.UsageError(f"expected one command of {COMMANDS} (default: launch), got {argv[1:]}")
     command = argv[1] if len(argv) == 2 else "launch"
     try:
         return _run(command, flag_values)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except (ValueError, FileNotFoundError, errors.UserError) as e:
+        if errors.show_tracebacks():
+            raise
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        print(f"(set {errors.TRACEBACK_ENV}=1 for the traceback)", file=sys.stderr)
+        return 1
 
 
 def _rows(f: flags.FlagValues, rows: str | None) -> list[grid.Row]:
@@ -127,9 +138,14 @@ def _run(command: str, f: flags.FlagValues) -> int:
                  f"--base_seeds={f.base_seeds}", *(f"--override={item}" for item in f.override)]
     else:
         task += [f"--config={config_arg}"]
-    path = launchers.launch_slurm(rows, workdir, task, slurm_options=f.slurm_option)
-    print(f"Wrote {path} ({len(rows)} array tasks). Submit it with:\n  sbatch {path}\n"
-          f"then, when the tasks finish: python -m transformer_jax.sweep report --workdir {workdir}")
+    path = launchers.launch_slurm(rows, workdir, task, slurm_options=f.slurm_option,
+                                  signal_seconds=f.slurm_signal_seconds)
+    if f.submit:
+        print(f"Submitted {path} ({len(rows)} array tasks): job {slurm.submit(path)}")
+    else:
+        print(f"Wrote {path} ({len(rows)} array tasks). Submit it with:\n  sbatch {path}")
+    print(f"When the tasks finish: python -m transformer_jax.sweep report --workdir {workdir} (submitting "
+          "again runs only the rows not finished)")
     return 0
 
 

@@ -14,14 +14,18 @@ report reads; sweeps into one workdir accumulate rows (``--rows A`` then ``--row
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import glob
 import json
 import os
 import shlex
+import signal
 import subprocess
 import time
 from collections.abc import Sequence
 
+from transformer_jax import slurm
 from transformer_jax.evaluation import paper
 from transformer_jax.evaluation.scoring import BLEU_KEYS
 from transformer_jax.sweep.grid import REPO_ROOT, Row, describe, format_value
@@ -44,12 +48,48 @@ def evaluate_command(row_dir: str, python: str, beam_size: int) -> list[str]:
             "--average_last=1", "--overwrite"]
 
 
+_stopped_by: str | None = None  # "SIGTERM" / "SIGINT" once one reached the launcher: no further row starts
+
+
+def _die_with_launcher() -> None:
+    """In the child, before exec: SIGTERM when the launcher dies (even by kill -9), so that the row saves a
+    checkpoint and stops instead of running on as an orphan that holds the workdir's lock. Linux only."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+
+
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+@contextlib.contextmanager
+def _forwarding_signals(child: subprocess.Popen):
+    """SIGTERM / SIGINT to the launcher go to ``child`` (train.py saves and exits) and stop the sweep."""
+
+    def forward(signum, frame):
+        del frame
+        global _stopped_by
+        _stopped_by = signal.Signals(signum).name
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def run_command(command: list[str], log_path: str) -> int:
     """Runs ``command`` from the repository root, stdout and stderr to ``log_path``; returns its status.
 
     Rows share a persistent XLA compilation cache (``<workdir>/jax_cache`` unless
     JAX_COMPILATION_CACHE_DIR is set), so identical programs (e.g. the decoder of rows that differ only
-    in dropout or label smoothing, or a resumed row) compile once.
+    in dropout or label smoothing, or a resumed row) compile once. A SIGTERM / SIGINT to the launcher is
+    passed on to the command, which saves and stops; the command also stops if the launcher is killed.
     """
     row_dir = os.path.dirname(os.path.abspath(log_path))
     env = dict(os.environ)
@@ -57,8 +97,10 @@ def run_command(command: list[str], log_path: str) -> int:
     with open(log_path, "a") as log:
         log.write(f"\n$ {shlex.join(command)}\n")
         log.flush()
-        return subprocess.run(command, cwd=REPO_ROOT, env=env, stdout=log,
-                              stderr=subprocess.STDOUT).returncode
+        child = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                 preexec_fn=_die_with_launcher)
+        with _forwarding_signals(child):
+            return child.wait()
 
 
 def _read_text(path: str) -> str | None:
@@ -171,6 +213,11 @@ def launch_local(rows: Sequence[Row], info: dict, workdir: str, *, beam_size: in
     failed = []
     sweep_started = time.time()
     for i, row in enumerate(rows, 1):
+        if _stopped_by:
+            print(f"Stopped by {_stopped_by}: rows from {row.name} on did not run; run the "
+                  "same command again to resume", flush=True)
+            failed.extend(r.name for r in rows[i - 1:])
+            break
         row_dir = os.path.join(workdir, row.name)
         prefix = f"[{i}/{len(rows)}] {row.name}"
         if os.path.exists(os.path.join(row_dir, RESULT)):
@@ -205,22 +252,26 @@ def launch_print(rows: Sequence[Row], info: dict, workdir: str, *, beam_size: in
 
 
 def launch_slurm(rows: Sequence[Row], workdir: str, argv_for_task: list[str], *,
-                 slurm_options: Sequence[str]) -> str:
-    """Writes ``<workdir>/sweep.sbatch`` (one array task per row); returns its path."""
+                 slurm_options: Sequence[str], signal_seconds: int = slurm.DEFAULT_SIGNAL_SECONDS) -> str:
+    """Writes ``<workdir>/sweep.sbatch``, one array task per row; returns its path.
+
+    Task i runs row i with the local launcher (a finished row is skipped, a partial one resumes); near the
+    time limit the row saves and the task requeues itself until the row's ``result.json`` exists.
+    """
     path = os.path.join(workdir, "sweep.sbatch")
-    lines = ["#!/bin/bash",
-             f"#SBATCH --job-name=sweep-{os.path.basename(os.path.normpath(workdir))}",
-             f"#SBATCH --array=0-{len(rows) - 1}",
-             f"#SBATCH --output={os.path.join(workdir, 'slurm-%A_%a.out')}",
-             *(f"#SBATCH {option}" for option in slurm_options),
-             "# Task i trains and evaluates row i (skipped if finished, resumed if partial):",
-             *(f"#   {i}: {row.name}" for i, row in enumerate(rows)),
-             "set -euo pipefail",
-             f"cd {shlex.quote(REPO_ROOT)}",
-             shlex.join(argv_for_task) + ' --row_index="$SLURM_ARRAY_TASK_ID"', ""]
-    with open(path, "w") as f:
-        f.write("\n".join(lines))
-    return path
+    header = [f"--job-name=sweep-{os.path.basename(os.path.normpath(workdir))}",
+              f"--array=0-{len(rows) - 1}", f"--output={os.path.join(workdir, 'slurm-%A_%a.out')}",
+              "--ntasks=1", *slurm_options]
+    names = " ".join(shlex.quote(row.name) for row in rows)
+    text = slurm.batch_script(
+        header=header,
+        command=shlex.join(argv_for_task) + ' --row_index="$SLURM_ARRAY_TASK_ID"',
+        done=f'[ -f {shlex.quote(workdir)}/"${{rows[$SLURM_ARRAY_TASK_ID]}}"/{RESULT} ]',
+        signal_seconds=signal_seconds,
+        comments=["Task i trains and evaluates row i (skipped if finished, resumed if partial):",
+                  *(f"  {i}: {row.name}" for i, row in enumerate(rows))],
+        setup=f"rows=({names})")
+    return slurm.write_script(path, text)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -231,10 +231,23 @@ def train_and_evaluate(run: RunConfig, workdir: str) -> dict[str, Any]:
     SIGTERM / SIGINT from here on end the run cleanly in every phase (exit 0 from train.py): see
     ``preemption.py``. The returned dict then holds ``{"preempted": True, "step": ...}``.
     """
+    created = not os.path.isdir(workdir)
     with PreemptionGuard() as guard:
         os.makedirs(workdir, exist_ok=True)
-        with WorkdirLock(workdir, enabled=jax.process_index() == 0):
-            return _train_locked(run, workdir, guard)
+        try:
+            with WorkdirLock(workdir, enabled=jax.process_index() == 0):
+                return _train_locked(run, workdir, guard)
+        except Exception:
+            if created and jax.process_index() == 0:
+                _remove_empty_folders(workdir)  # a run that failed before writing a file leaves no folder
+            raise
+
+
+def _remove_empty_folders(top: str) -> None:
+    """Removes ``top`` and the folders under it that hold no file; a folder with a file stays."""
+    for folder, _, _ in sorted(os.walk(top), key=lambda entry: -len(entry[0])):
+        with contextlib.suppress(OSError):  # not empty
+            os.rmdir(folder)
 
 
 def _train_locked(run: RunConfig, workdir: str, guard: PreemptionGuard) -> dict[str, Any]:
@@ -253,6 +266,9 @@ def _train_locked(run: RunConfig, workdir: str, guard: PreemptionGuard) -> dict[
         trainer, state, train_iter = setup(run, workdir)
         state = resume(ckpt, state, train_iter)
         step = int(jax.device_get(state.step))
+        final_path = os.path.join(workdir, "final.json")
+        if is_main and step < run.train.num_steps and os.path.exists(final_path):
+            os.remove(final_path)  # it described a shorter run; it is written again at the end
         writer = MetricWriter(workdir, enabled=is_main, total_steps=run.train.num_steps,
                               initial_step=step)
         with contextlib.closing(writer):
@@ -281,12 +297,15 @@ def _train_locked(run: RunConfig, workdir: str, guard: PreemptionGuard) -> dict[
                 return {"preempted": True, "step": step}
             writer.write(step, {k: v for k, v in final.items() if isinstance(v, (int, float))})
     if is_main:
-        path = os.path.join(workdir, "final.json")
-        with open(path, "w") as f:
+        with open(f"{final_path}.tmp", "w") as f:  # whole or absent: Slurm scripts read it as "done"
             json.dump(final, f, indent=1, default=str)
-        if run.eval.final_eval_split:
+        os.replace(f"{final_path}.tmp", final_path)
+        if run.eval.final_eval_split and jax.process_count() == 1:
             print(paper_tables.final_summary(final, run.data, run.eval))
-        print(f"All final numbers: {path}")
+        elif jax.process_count() > 1:
+            print(f"Trained with {jax.process_count()} processes; score the result with one: "
+                  f"python evaluate.py --workdir={workdir}")
+        print(f"All final numbers: {final_path}")
     return final
 
 

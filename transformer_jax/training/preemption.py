@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,9 +30,10 @@ class PreemptionGuard:
     """Turns SIGTERM / SIGINT into a request to save and stop: ``with PreemptionGuard() as guard: ...``.
 
     In the loop: ``if guard.should_stop(step): save(step, force=True); break``. The first signal only sets a
-    flag (and is logged); it also puts the previous handlers back, so a second Ctrl-C / SIGTERM acts as
-    without the guard (KeyboardInterrupt / termination) for a user who wants out now. On exit the previous
-    handlers return.
+    flag (and is logged). A second one acts as without the guard (KeyboardInterrupt / termination) for a
+    user who wants out now, unless it comes within ``repeat_window`` seconds of the first: that is the
+    same request delivered twice (Slurm signals every process of a job, and a sweep launcher forwards
+    the one it got), and it is ignored. On exit the previous handlers return.
 
     Several processes must stop at the same step, but a signal may reach only some hosts. With
     ``jax.process_count() > 1`` the local flags are combined by ``process_allgather`` (any host asked -> all
@@ -46,7 +48,8 @@ class PreemptionGuard:
     """
 
     def __init__(
-        self, *, check_every: int | None = None, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)
+        self, *, check_every: int | None = None, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT),
+        repeat_window: float = 1.0,
     ):
         if check_every is None:
             check_every = 1 if jax.process_count() == 1 else 10
@@ -54,6 +57,8 @@ class PreemptionGuard:
             raise ValueError(f"check_every must be >= 1, got {check_every}")
         self.check_every = check_every
         self.signals = tuple(signals)
+        self.repeat_window = repeat_window
+        self._requested_at = 0.0  # time.monotonic() of the first signal
         self._previous: dict[int, Any] = {}
         self._requested: int | None = None  # the signal number received, if any
         self._interrupting = False
@@ -69,9 +74,17 @@ class PreemptionGuard:
         return None if self._requested is None else signal.Signals(self._requested).name
 
     def _handle(self, signum, frame) -> None:
-        del frame
-        self._requested = signum
-        self._restore_handlers()
+        if self._requested is not None:
+            if time.monotonic() - self._requested_at < self.repeat_window:
+                return  # the first request, delivered again
+            previous = self._previous.get(signum, signal.SIG_DFL)
+            self._restore_handlers()
+            if callable(previous):
+                previous(signum, frame)
+            elif previous == signal.SIG_DFL:
+                signal.raise_signal(signum)
+            return
+        self._requested, self._requested_at = signum, time.monotonic()
         if self._interrupting:
             raise Preempted(f"received {self.signal_name}")
         _log.warning(

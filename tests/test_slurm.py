@@ -1,0 +1,228 @@
+"""Training and sweeps under a real Slurm (a one-node cluster on this machine, ``tests/local_slurm.py``).
+
+- a 2-process ``srun`` training job equals a 1-process, 2-device run bit for bit, and evaluate.py scores it;
+- a Table 3 sweep submitted as an array gives the same report as the local launcher; a task cancelled
+  mid-row resumes from its checkpoint when the array is submitted again, and finished rows are skipped;
+- a train.py job and a sweep task with a 1-minute time limit are warned, save, requeue themselves and
+  finish, bit for bit equal to the uninterrupted run, each step logged once.
+
+Where Slurm is missing they skip with one line saying how to enable them; under CI they must run.
+Slurm checks time limits every 30 s from the controller's start, so each test starts its own cluster
+(under a second): the first warning then comes at most 30 s into a job.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from local_slurm import LocalSlurm, unavailable_reason
+
+from transformer_jax.checkpoints import restore
+from transformer_jax.sweep import report
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.slow
+
+# A tiny model, ~5 ms a step on one CPU device.
+TINY_FLAGS = {
+    "data.synthetic_train_size": 400, "data.synthetic_dev_size": 16, "data.synthetic_test_size": 16,
+    "data.vocab_size": 120, "data.tokens_per_batch": 512, "data.length_buckets": "(64,)",
+    "model.d_model": 16, "model.d_ff": 24, "model.num_heads": 2,
+    "model.num_encoder_layers": 1, "model.num_decoder_layers": 1,
+    "train.warmup_steps": 2, "train.num_steps": 40, "peak_tflops_per_device": 1.0,
+    "log_every_steps": 10, "checkpoint_every_steps": 10, "checkpoint_every_minutes": 0.0,
+    "eval_every_steps": 0, "eval_bleu_examples": 0, "final_eval_split": "",
+}
+# Table 3's cpu scale shrunk to the same size, for the sweeps (and a train.py job of the same row).
+SWEEP_OVERRIDES = ["model.d_model=16", "model.d_ff=32", "model.d_k=4", "model.d_v=4",
+                   "data.synthetic_train_size=300", "data.synthetic_dev_size=12", "data.vocab_size=120",
+                   "data.tokens_per_batch=512", "data.length_buckets=(64,)", "train.warmup_steps=5",
+                   "peak_tflops_per_device=1.0"]
+
+
+@pytest.fixture
+def slurm(tmp_path):
+    reason = unavailable_reason()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason} (CI must run the Slurm tests: .ci/run installs slurm-wlm)")
+        pytest.skip(reason)
+    cluster = LocalSlurm(str(tmp_path / "slurm")).start(cpus=4)  # a 2-task job beside a 1-task one
+    yield cluster
+    cluster.stop()
+
+
+def _run(command, env, background: bool = False):
+    """Runs ``command`` from the repository root (or starts it, with ``background``)."""
+    if background:
+        return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _job_fields(cluster, job: str) -> list[dict]:
+    """``scontrol show job`` of ``job`` (of every task of an array) as dicts of its fields."""
+    out = _run(["scontrol", "show", "job", job, "--oneliner"], cluster.env).stdout
+    return [dict(field.split("=", 1) for field in line.split() if "=" in field)
+            for line in out.splitlines() if line.strip()]
+
+
+def _wait_for(cluster, job: str, timeout: float = 400) -> list[dict]:
+    """Waits until every task of ``job`` has ended; returns their fields."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        tasks = _job_fields(cluster, job)
+        if tasks and all(t["JobState"] not in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING",
+                                               "CONFIGURING", "SUSPENDED") for t in tasks):
+            return tasks
+        time.sleep(1)
+    raise AssertionError(f"job {job} still running after {timeout} s: {_job_fields(cluster, job)}")
+
+
+def _params(workdir) -> list[np.ndarray]:
+    return [np.asarray(x) for x in jax.tree.leaves(restore.restore_workdir(str(workdir)).params)]
+
+
+def _assert_bitwise_equal(workdir, reference) -> None:
+    ours, theirs = _params(workdir), _params(reference)
+    assert len(ours) == len(theirs) > 10
+    for a, b in zip(ours, theirs, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def _logged_steps(workdir) -> list[int]:
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [json.loads(line)["step"] for line in f if '"train_loss"' in line]
+
+
+def _sweep_overrides(num_steps: int) -> list[str]:
+    return [*SWEEP_OVERRIDES, f"train.num_steps={num_steps}", f"checkpoint_every_steps={num_steps // 10}",
+            f"log_every_steps={num_steps // 10}"]
+
+
+def _sweep(workdir, num_steps: int, *flags, env=None, background=False):
+    """``python -m transformer_jax.sweep`` over Table 3's cpu scale, shrunk to ~25 ms a step."""
+    return _run([sys.executable, "-m", "transformer_jax.sweep", "--grid=table3", "--scale=cpu",
+                 "--base_seeds=1", f"--workdir={workdir}", f"--python={sys.executable}",
+                 *(f"--override={o}" for o in _sweep_overrides(num_steps)), *flags],
+                env or dict(os.environ), background)
+
+
+def _submitted_job(result) -> str:
+    assert result.returncode == 0, result.stderr[-2000:]
+    return re.search(r"job (\d+)", result.stdout).group(1)
+
+
+def _train_job(cluster, workdir, flags, *options) -> str:
+    """Submits ``python -m transformer_jax.slurm`` (a train.py job into ``workdir``); returns its id."""
+    return _submitted_job(_run([sys.executable, "-m", "transformer_jax.slurm", f"--workdir={workdir}",
+                                f"--python={sys.executable}", "--submit", *options, "--", *flags],
+                               cluster.env))
+
+
+def _report_numbers(workdir) -> list[dict]:
+    """The report's rows without its wall-clock times."""
+    return [{k: v for k, v in row.items() if k != "wall_seconds"}
+            for row in report.build_report(str(workdir))["rows"]]
+
+
+def test_sweep_array_equals_local_and_resumes_a_cancelled_row(slurm, tmp_path):
+    rows = (200, "--rows=D-drop0.0")  # num_steps (~5 s), and the rows (with base)
+    array, local = tmp_path / "array", tmp_path / "local"
+    job = _submitted_job(_sweep(array, *rows, "--launcher=slurm", "--submit", env=slurm.env))
+    local_run = _sweep(local, *rows, "--launcher=local", background=True)  # the reference, meanwhile
+    # Task 1 (D-drop0.0) is cancelled once its first checkpoint is saved.
+    first_checkpoint = array / "D-drop0.0" / "checkpoints" / "20"
+    deadline = time.time() + 300
+    while not first_checkpoint.exists() and time.time() < deadline:
+        time.sleep(0.2)
+    assert _run(["scancel", f"{job}_1"], slurm.env).returncode == 0
+    tasks = {t["ArrayTaskId"]: t for t in _wait_for(slurm, job)}
+    assert tasks["1"]["JobState"] == "CANCELLED" and tasks["0"]["JobState"] == "COMPLETED"
+    assert (array / "base" / "result.json").exists() and not (array / "D-drop0.0" / "result.json").exists()
+
+    assert local_run.wait(timeout=600) == 0, local_run.stdout.read()[-2000:]
+
+    job2 = _submitted_job(_sweep(array, *rows, "--launcher=slurm", "--submit", env=slurm.env))
+    assert all(t["JobState"] == "COMPLETED" for t in _wait_for(slurm, job2))
+    assert "done already" in (array / f"slurm-{job2}_0.out").read_text()
+    resumed = re.findall(r"Resuming from step (\d+)", (array / "D-drop0.0" / "train.log").read_text())
+    assert resumed and int(resumed[-1]) >= 20
+    assert _report_numbers(array) == _report_numbers(local)
+    assert all(row["status"] == "done" for row in _report_numbers(array))
+
+
+def test_srun_two_processes_equal_two_devices(slurm, tmp_path):
+    flags = [f"--config.{k}={v}" for k, v in TINY_FLAGS.items()]
+    job_dir, reference = tmp_path / "job", tmp_path / "reference"
+    job = _train_job(slurm, job_dir, flags, "--ntasks=2")
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    single = _run([sys.executable, "train.py", f"--workdir={reference}", *flags], env)
+    assert single.returncode == 0, single.stderr[-2000:]
+    (task,) = _wait_for(slurm, job)
+    log = (job_dir / f"slurm-{job}.out").read_text()
+    assert task["JobState"] == "COMPLETED" and "2 devices, 2 processes" in log, log[-3000:]
+
+    _assert_bitwise_equal(job_dir, reference)  # each process fed its own rows, as the two devices did
+    assert _logged_steps(job_dir) == [10, 20, 30, 40]  # process 0 alone writes metrics
+    assert sorted(os.listdir(job_dir / "checkpoints")) == sorted(os.listdir(reference / "checkpoints"))
+    scored = _run([sys.executable, "evaluate.py", f"--workdir={job_dir}", "--split=dev", "--beam_size=1"],
+                  dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert scored.returncode == 0, scored.stderr[-2000:]
+    assert (job_dir / "eval" / "dev-40.json").exists()
+
+
+def _requeues(cluster, job: str, log) -> int:
+    """How often ``job`` requeued itself; checks that it completed and that Slurm counted the same."""
+    (task,) = _wait_for(cluster, job)
+    text = log.read_text()
+    assert task["JobState"] == "COMPLETED", text[-3000:]
+    requeues = text.count("requeueing job")
+    assert int(task["Restarts"]) == requeues, text[-3000:]
+    return requeues
+
+
+def _resumed_from(log) -> list[int]:
+    return [int(s) for s in re.findall(r"Resuming from step (\d+)", log.read_text())]
+
+
+def test_jobs_requeued_at_their_time_limit_equal_an_uninterrupted_run(slurm, tmp_path):
+    """A train.py job and a sweep's array task of the same row, each with a 1-minute limit, side by side;
+    the local launcher runs the row uninterrupted meanwhile.
+
+    With the warning 35 s before the limit, Slurm sends it at its first 30-s check 25 s or more into an
+    attempt: 30 s into the first (the cluster started just now), 25-55 s into the next ones.
+    """
+    started = time.time()
+    num_steps = 1000  # ~25 s of steps alone: past the first warning, within the second attempt
+    job_dir, array, local = tmp_path / "job", tmp_path / "array", tmp_path / "local"
+    env = dict(slurm.env, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"))  # resumes load programs
+    flags = ["--config=configs/table3.py:base,cpu", *(f"--config.{o}" for o in _sweep_overrides(num_steps))]
+    job = _submitted_job(_run([sys.executable, "-m", "transformer_jax.slurm", f"--workdir={job_dir}",
+                               f"--python={sys.executable}", "--time=1", "--signal_seconds=35", "--submit",
+                               "--", *flags], env))
+    sweep_job = _submitted_job(_sweep(array, num_steps, "--rows=base", "--launcher=slurm", "--submit",
+                                      "--slurm_option=--time=1", "--slurm_signal_seconds=35", env=env))
+    local_run = _sweep(local, num_steps, "--rows=base", "--launcher=local", env=env)
+    assert local_run.returncode == 0, local_run.stdout[-2000:]
+
+    requeues = _requeues(slurm, job, job_dir / f"slurm-{job}.out")
+    resumed = _resumed_from(job_dir / f"slurm-{job}.out")
+    assert requeues >= 1 and max(resumed, default=0) > 0
+    _assert_bitwise_equal(job_dir, local / "base")
+    assert _logged_steps(job_dir) == list(range(100, 1001, 100))  # each step once
+
+    sweep_requeues = _requeues(slurm, sweep_job, array / f"slurm-{sweep_job}_0.out")
+    sweep_resumed = _resumed_from(array / "base" / "train.log")
+    assert sweep_requeues >= 1 and max(sweep_resumed, default=0) > 0
+    _assert_bitwise_equal(array / "base", local / "base")
+    assert _logged_steps(array / "base") == list(range(100, 1001, 100))
+    assert _report_numbers(array) == _report_numbers(local)
+    print(f"train job: {requeues} requeues, resumed from {resumed}; sweep task: {sweep_requeues} requeues, "
+          f"resumed from {sweep_resumed}; {time.time() - started:.0f} s")
