@@ -48,6 +48,33 @@ def test_train_missing_data_file(tmp_path):
     assert not (tmp_path / "w").exists()
 
 
+def test_a_data_error_found_at_start_leaves_no_workdir(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("val.en", "val.de", "test.en", "test.de"):
+        (data / name).write_text("a b\n")
+    (data / "train.en").write_text("a b\nc d\n")
+    (data / "train.de").write_text("a b\n")  # one line short
+    result = _run("train.py", f"--workdir={tmp_path / 'w'}", "--config.data.source=text",
+                  f"--config.data.dir={data}")
+    _assert_short(result, "train.en has 2 lines", "train.de has 1 lines")
+    assert not (tmp_path / "w").exists()
+
+
+def test_data_dir_naming_a_file_says_so(tmp_path):
+    (tmp_path / "train.en").write_text("a b\n")
+    result = _run("train.py", f"--workdir={tmp_path / 'w'}", "--config.data.source=text",
+                  f"--config.data.dir={tmp_path / 'train.en'}")
+    assert _assert_short(result) == (f"error: data.dir={tmp_path / 'train.en'} is a file; expected the "
+                                     "folder that holds the data files. Point data.dir at its folder")
+
+
+def test_a_nan_is_not_a_finite_number(tmp_path):
+    result = _run("train.py", f"--workdir={tmp_path / 'w'}", "--config.train.learning_rate_scale=nan")
+    line = _assert_short(result, "config.train.learning_rate_scale=nan")
+    assert "a finite number > 0" in line and "inf]" not in line
+
+
 def test_evaluate_missing_workdir_and_bad_flag(tmp_path):
     _assert_short(_run("evaluate.py", f"--workdir={tmp_path / 'nope'}"), "nope: no such directory")
     _assert_short(_run("evaluate.py", f"--workdir={tmp_path}", "--average_last=-1"),

@@ -64,7 +64,8 @@ def test_an_unknown_field_in_a_saved_config_is_named(section, field):
     ("eval_every_steps", -1, r"eval_every_steps.*-1"),
     ("sharding.logical_axis_rules", (("batch", "dataa"),), "dataa"),
     # Issue 12 section 5: accepted before, failed late or never.
-    ("train.learning_rate_scale", -1.0, r"config\.train\.learning_rate_scale=-1\.0: expected .*\(0, inf\]"),
+    ("train.learning_rate_scale", -1.0,
+     r"config\.train\.learning_rate_scale=-1\.0: expected a finite number > 0"),
     ("train.learning_rate_scale", 0.0, r"config\.train\.learning_rate_scale=0\.0"),
     ("train.adam_b2", 1.0, r"config\.train\.adam_b2=1\.0: expected .*\[0, 1\)"),
     ("train.adam_eps", 0.0, r"config\.train\.adam_eps=0\.0"),

@@ -1,6 +1,7 @@
 """Tests for evaluation/translation.py and the translate command: batch plans, equality with one-batch
 decoding, empty and too-long lines, and the CLI end to end on a tiny workdir."""
 
+import errno
 import json
 import os
 import subprocess
@@ -17,7 +18,9 @@ from transformer_jax.evaluation import decode, scoring, translation
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import EOS_ID, PAD_ID
-from transformer_jax.runtime.errors import DataError
+from transformer_jax.runtime import disk
+from transformer_jax.runtime.errors import ConfigError, DataError, DiskFullError
+from transformer_jax.runtime.output_file import OutputFile
 
 VOCAB = 29
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -267,6 +270,94 @@ def test_translate_command_rejects_bad_flags_in_one_line(workdir, tmp_path):
     assert result.returncode == 1 and "no such directory" in _error_line(result)
     result = _run([f"--workdir={workdir}", f"--input={tmp_path / 'missing.txt'}"])
     assert result.returncode == 1 and "missing.txt: no such file" in _error_line(result)
+
+
+def _run_bytes(args, stdin: bytes = b"", stdout=subprocess.PIPE):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    return subprocess.run([sys.executable, "-m", "transformer_jax.translate", *args], input=stdin,
+                          stdout=stdout, stderr=subprocess.PIPE, cwd=REPO, env=env, timeout=300)
+
+
+def _only_error_line(result) -> str:
+    """The ``error:`` line of a failed command, which must be followed by the hint alone."""
+    lines = [x for x in result.stderr.decode().splitlines() if x.strip() and not x.startswith(("W", "I"))]
+    assert result.returncode == 1 and "Traceback" not in result.stderr.decode(), result.stderr.decode()
+    assert len(lines) == 2 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+def test_bad_bytes_are_one_line_naming_the_line(workdir, tmp_path):
+    line = _only_error_line(_run_bytes([f"--workdir={workdir}"], b"fine\na \xff b\n"))
+    assert line == ("error: <stdin>:2: byte 0xff at column 3 is not UTF-8; convert the file to UTF-8 (e.g. "
+                    "iconv -f latin1 -t utf-8)")
+    (tmp_path / "bad.en").write_bytes("caf\u00e9\n".encode("latin-1"))
+    line = _only_error_line(_run_bytes([f"--workdir={workdir}", f"--input={tmp_path / 'bad.en'}"]))
+    assert line.startswith(f"error: {tmp_path / 'bad.en'}:1: byte 0xe9 at column 4 is not UTF-8")
+    (tmp_path / "binary.en").write_bytes(b"\x7fELF\x02\x01\x00\x00\n")
+    line = _only_error_line(_run_bytes([f"--workdir={workdir}", f"--input={tmp_path / 'binary.en'}"]))
+    assert line.startswith(f"error: {tmp_path / 'binary.en'}:1: a NUL byte")
+
+
+def test_the_output_path_is_checked_before_decoding(workdir, tmp_path, monkeypatch):
+    (tmp_path / "in.txt").write_text("a sentence\n")
+    args = [f"--workdir={workdir}", f"--input={tmp_path / 'in.txt'}"]
+    line = _only_error_line(_run_bytes([*args, f"--output={tmp_path / 'nosuchdir' / 'out.de'}"]))
+    assert line == (f"error: --output={tmp_path / 'nosuchdir' / 'out.de'}: the folder "
+                    f"{tmp_path / 'nosuchdir'} does not exist; create it first")
+    line = _only_error_line(_run_bytes([*args, f"--output={tmp_path}"]))
+    assert line.startswith(f"error: --output={tmp_path} is a folder; expected a file path")
+    # Nothing is restored or decoded first: the same errors come before a workdir is even read.
+    calls = []
+    monkeypatch.setattr(translation, "restore_workdir", lambda *a, **k: calls.append(a))
+    with pytest.raises(ConfigError, match="does not exist"):
+        translation.translate_workdir(workdir, input_path=str(tmp_path / "in.txt"),
+                                      output_path=str(tmp_path / "nosuchdir" / "out.de"))
+    assert calls == []
+
+
+def test_a_failed_translation_keeps_the_previous_output_and_leaves_no_temporary_file(workdir, tmp_path):
+    (tmp_path / "out.de").write_text("the previous translations\n")
+    (tmp_path / "in.txt").write_text("fine\n" + "word " * 400 + "\n")  # line 2 is too long: an error
+    result = _run_bytes([f"--workdir={workdir}", f"--input={tmp_path / 'in.txt'}",
+                         f"--output={tmp_path / 'out.de'}"])
+    assert "tokens (EOS included)" in _only_error_line(result)
+    assert (tmp_path / "out.de").read_text() == "the previous translations\n"
+    assert sorted(os.listdir(tmp_path)) == ["in.txt", "out.de"]
+
+
+def test_output_file_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
+    target = tmp_path / "out.de"
+    target.write_text("old\n")
+    with OutputFile(str(target)) as out:
+        assert len(os.listdir(tmp_path)) == 2  # the temporary file, beside the target
+        out.write("new\n")
+    assert target.read_text() == "new\n" and os.listdir(tmp_path) == ["out.de"]
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(DiskFullError) as error, OutputFile(str(target)) as out:
+        out.write("newer\n")
+    assert str(error.value).startswith(f"no space left writing --output={target}: the ")
+    assert disk.mount_point(str(target)) in str(error.value)
+    assert target.read_text() == "new\n" and os.listdir(tmp_path) == ["out.de"]
+
+
+def test_a_full_stdout_is_one_line(workdir):
+    with open("/dev/full", "wb") as full:
+        result = _run_bytes([f"--workdir={workdir}", "--beam_size=1", "--noprogress"], b"a sentence\n",
+                            stdout=full)
+    line = _only_error_line(result)
+    assert line.startswith("error: no space left writing to standard output (/dev/full)")
+
+
+def test_translate_refuses_a_parsing_workdir(tmp_path):
+    parsing = str(tmp_path / "parsing")
+    untrained_workdir(config_with({**TINY, "data.source": "synthetic_trees"}), parsing)
+    line = _only_error_line(_run_bytes([f"--workdir={parsing}"], b"a sentence\n"))
+    assert line == (f"error: --workdir={parsing} is a parsing run; translate decodes translation runs. "
+                    f"Parse with: python evaluate.py --workdir={parsing} (trees over the input words)")
 
 
 def test_throughput_benchmark_reports_the_translate_path_on_a_file(workdir, tmp_path, capsys):

@@ -19,6 +19,7 @@ from transformer_jax.data.trees import (
     retag,
     strip_label,
 )
+from transformer_jax.runtime.errors import DataError
 
 PTB_SAMPLE = SHARED_DATA / "ptb_sample"
 
@@ -243,3 +244,14 @@ def test_pcfg_splits_are_deterministic_disjoint_and_sized():
     for tree in splits["train"]:
         assert tree.label == "S" and tree.tags()[-1] == "."
         assert pcfg.MIN_WORDS <= len(tree.words()) <= pcfg.MAX_WORDS
+
+
+@pytest.mark.parametrize("text, message", [
+    ("(S (NP x) (VP y)\n", r"wsj_0003\.mrg: tree 1 is not closed \(1 open\)"),
+    ("(S (NP x) (VP y)))\n", r"wsj_0003\.mrg:1: after tree 1: '\)' closes nothing"),
+    ("(S (NP x) (S))\n", r"wsj_0003\.mrg:1: tree 1: empty bracket '\(S\)'"),
+])
+def test_a_malformed_treebank_file_is_a_data_error(text, message):
+    """A user error (one ``error:`` line at the entry points), naming the file, the line and the tree."""
+    with pytest.raises(DataError, match=message):
+        parse_trees(text, source="wsj_0003.mrg")

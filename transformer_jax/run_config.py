@@ -178,8 +178,12 @@ def _check_number(config: Any, path: str, low: float, high: float = math.inf, *,
           and (value > low if low_open else value >= low)
           and (value < high if high_open else value <= high))
     if not ok:
-        interval = (("(" if low_open else "[") + f"{low:g}, {high:g}" + (")" if high_open else "]"))
-        raise _bad(path, value, f"a finite number in {interval}", hint)
+        if math.isinf(high):
+            expected = f"a finite number {'>' if low_open else '>='} {low:g}"
+        else:
+            expected = ("a finite number in " + ("(" if low_open else "[") + f"{low:g}, {high:g}"
+                        + (")" if high_open else "]"))
+        raise _bad(path, value, expected, hint)
     return value
 
 

@@ -10,6 +10,7 @@ slice indexing) so that WMT's 4.5M pairs are read in chunks rather than held as 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import socket
 import threading
@@ -203,6 +204,10 @@ def input_files(data_config: Any, splits: Sequence[str] = SPLITS) -> list[tuple[
 def check_input_files(data_config: Any, splits: Sequence[str] = SPLITS) -> None:
     """Raises MissingFileError naming the first missing input file and the config fields behind it."""
     validate_data_config(data_config)
+    folder = getattr(data_config, "dir", None)
+    if folder and os.path.isfile(folder):
+        raise MissingFileError(f"data.dir={folder} is a file; expected the folder that holds the data "
+                               "files. Point data.dir at its folder")
     for what, path in input_files(data_config, splits):
         if not path.exists():
             raise MissingFileError(

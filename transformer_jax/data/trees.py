@@ -30,6 +30,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple, Union
 
+from transformer_jax.runtime.errors import DataError
+
 PLACEHOLDER = "XX"  # the normalized part-of-speech tag of the target sequence
 FALLBACK_ROOT = "S"  # root label `repair` adds when an output has no single root
 NONE_TAG = "-NONE-"  # empty elements (traces, null complementizers)
@@ -91,7 +93,7 @@ def parse_trees(text: str, *, source: str = "<string>") -> list[Tree]:
     """Every bracketed tree in `text`, as written (outer bracket, tags and -NONE- kept).
 
     Raises:
-      ValueError: unbalanced brackets, a word outside a bracket or a bracket without a label
+      DataError (a ValueError): unbalanced brackets, a word outside a bracket or a bracket without a label
         inside a tree; the message names `source`, the line and the tree number (1-based).
     """
     trees: list[Tree] = []
@@ -106,28 +108,28 @@ def parse_trees(text: str, *, source: str = "<string>") -> list[Tree]:
             stack.append(("", []))
         elif token == ")":
             if not stack:
-                raise ValueError(
+                raise DataError(
                     f"{source}:{line}: after tree {len(trees)}: ')' closes nothing (unbalanced)"
                 )
             label, children = stack.pop()
             if not children:
-                raise ValueError(f"{where}: empty bracket '({label})'")
+                raise DataError(f"{where}: empty bracket '({label})'")
             node = Tree(label, tuple(children))
             if stack:
                 stack[-1][1].append(node)
             else:
                 trees.append(node)
         elif not stack:
-            raise ValueError(f"{where}: {token!r} outside any bracket")
+            raise DataError(f"{where}: {token!r} outside any bracket")
         elif not stack[-1][0] and not stack[-1][1]:
             stack[-1] = (token, [])  # the label right after '('
         else:
             children = stack[-1][1]
             if children:
-                raise ValueError(f"{where}: word {token!r} after a constituent in one bracket")
+                raise DataError(f"{where}: word {token!r} after a constituent in one bracket")
             children.append(token)
     if stack:
-        raise ValueError(f"{source}: tree {len(trees) + 1} is not closed ({len(stack)} open)")
+        raise DataError(f"{source}: tree {len(trees) + 1} is not closed ({len(stack)} open)")
     return trees
 
 

@@ -19,6 +19,7 @@ are rounded up to four sizes an octave (:func:`padded_rows`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -31,10 +32,12 @@ import numpy as np
 from transformer_jax.checkpoints.restore import averaged_params, restore_workdir
 from transformer_jax.data.eval_batches import extended_buckets
 from transformer_jax.data.sources import normalize_whitespace
+from transformer_jax.data.treebank import is_parsing
 from transformer_jax.evaluation import decode, paper
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import EOS_ID, PAD_ID
 from transformer_jax.runtime.errors import ConfigError, DataError, MissingFileError
+from transformer_jax.runtime.output_file import OutputFile, write_stdout
 
 # The default batch budget: decoder rows x cache positions whose self-attention keys and values take
 # this much memory. 192k positions for the Multi30k model (4 KiB each: 4 layers x 4 heads x (32 + 32)
@@ -239,22 +242,38 @@ def progress_bar(total: int, enabled: bool):
     import tqdm
 
     return tqdm.tqdm(total=total, unit="sent", file=sys.stderr, disable=not enabled, dynamic_ncols=True,
-                     mininterval=0.5)
+                     mininterval=0.5, delay=1.0)  # delay: an error found at once prints no bar first
 
 
 def read_lines(path: str | None) -> list[str]:
-    """The lines of ``path`` (stdin when None), without their line ends; UTF-8."""
+    """The lines of ``path`` (stdin when None), without their line ends.
+
+    Raises DataError naming the line for bytes that are not UTF-8 and for a NUL byte (a binary file).
+    """
     if path is None:
-        text = sys.stdin.read()
+        data, name = sys.stdin.buffer.read(), "<stdin>"
     else:
+        if os.path.isdir(path):
+            raise ConfigError(f"--input={path} is a folder; expected a text file, one sentence a line")
         if not os.path.isfile(path):
             raise MissingFileError(f"--input={path}: no such file")
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    lines = text.split("\n")
-    if lines and lines[-1] == "":  # the final line end, not an empty last line
+        with open(path, "rb") as f:
+            data = f.read()
+        name = path
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":  # the final line end, not an empty last line
         lines.pop()
-    return [line.removesuffix("\r") for line in lines]
+    texts = []
+    for number, line in enumerate(lines, 1):
+        if b"\0" in line:
+            raise DataError(f"{name}:{number}: a NUL byte; expected UTF-8 text, one sentence a line (is "
+                            "it a binary file?)")
+        try:
+            texts.append(line.decode("utf-8").removesuffix("\r"))
+        except UnicodeDecodeError as e:
+            raise DataError(f"{name}:{number}: byte 0x{line[e.start]:02x} at column {e.start + 1} is not "
+                            "UTF-8; convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+    return texts
 
 
 def _check_at_least(flag: str, value, minimum, what: str) -> None:
@@ -273,8 +292,9 @@ def translate_workdir(workdir: str, *, input_path: str | None = None, output_pat
     Writes one translation a line, in the input order, to ``output_path`` or stdout.
 
     Settings left at None take the run config's ``final_average_last``, ``final_beam_size``,
-    ``final_alpha`` and ``final_max_extra_len``. Every flag and the input are checked before the model
-    is restored. The progress bar (stderr) shows by default when the input is a file or redirected.
+    ``final_alpha`` and ``final_max_extra_len``. Every flag, the output path and the input are checked
+    before the model is restored; ``output_path`` is replaced whole at the end, or not at all. The
+    progress bar (stderr) shows by default when the input is a file or redirected.
 
     Returns:
       ``num_sentences``, ``decode_seconds`` (search and detokenization, compilation included),
@@ -291,8 +311,21 @@ def translate_workdir(workdir: str, *, input_path: str | None = None, output_pat
     if not os.path.isdir(workdir):
         raise MissingFileError(f"--workdir={workdir}: no such directory; pass the --workdir of a "
                                "train.py run")
-    lines = read_lines(input_path)
+    # The output path is checked (and its temporary file made) before anything is read or decoded.
+    with OutputFile(output_path) if output_path is not None else contextlib.nullcontext() as output:
+        return _translate_lines(workdir, read_lines(input_path), output, input_path=input_path,
+                                step=step, average_last=average_last, beam_size=beam_size, alpha=alpha,
+                                max_extra_len=max_extra_len, truncate=truncate,
+                                tokens_per_batch=tokens_per_batch, show_progress=show_progress)
+
+
+def _translate_lines(workdir: str, lines: list[str], output: OutputFile | None, *, input_path, step,
+                     average_last, beam_size, alpha, max_extra_len, truncate, tokens_per_batch,
+                     show_progress) -> dict[str, Any]:
     restored = restore_workdir(workdir, step)
+    if is_parsing(restored.run.data):
+        raise ConfigError(f"--workdir={workdir} is a parsing run; translate decodes translation runs. "
+                          f"Parse with: python evaluate.py --workdir={workdir} (trees over the input words)")
     final = restored.run.eval
     settings = Settings(
         beam_size=final.final_beam_size if beam_size is None else beam_size,
@@ -312,12 +345,10 @@ def translate_workdir(workdir: str, *, input_path: str | None = None, output_pat
             progress=bar.update)
     seconds = time.perf_counter() - start
     text = "".join(t + "\n" for t in translations)
-    if output_path is None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+    if output is None:
+        write_stdout(text)
     else:
-        with open(output_path, "w", encoding="utf-8") as f:
-            f.write(text)
+        output.write(text)
     target_tokens = sum(len(ids) for ids in restored.tokenizer.encode_text(translations, side="target"))
     return {"num_sentences": len(lines), "decode_seconds": seconds,
             "sentences_per_second": len(lines) / seconds, "target_tokens_per_second": target_tokens / seconds,

@@ -1,0 +1,218 @@
+"""The whole Transformer forward pass against an independent float64 NumPy reference.
+
+The reference below re-derives the model from the paper (Vaswani et al., 2017) and reads only the Flax
+parameter tree of the real model; it calls no function of ``transformer_jax``. It covers one encoder and one
+decoder layer in each norm style and with sinusoidal or learned positions:
+
+  * shared token embedding E, times sqrt(d_model) (section 3.4), also the output projection x E^T;
+  * positions: sinusoidal PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...) (section 3.5),
+    or a learned table per stack (Table 3 row E);
+  * multi-head attention softmax(Q K^T / sqrt(d_k)) V with the source padding mask (encoder
+    self-attention, encoder-decoder attention) and the causal mask (decoder self-attention);
+  * FFN(x) = max(0, x W_1 + b_1) W_2 + b_2;
+  * LayerNorm with epsilon 1e-6 (Flax's default), post-norm LN(x + f(x)) and pre-norm x + f(LN(x)) with
+    the final LayerNorm of a pre-norm stack.
+
+The parameters are random (LayerNorm scales and offsets, FFN biases too), so a LayerNorm applied where it
+should not be, or left out, cannot hide behind an init of scale 1 and offset 0.
+"""
+
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from transformer_jax.model import transformer as model_lib
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.special_ids import BOS_ID, PAD_ID
+
+# Distinct sizes, so that no transposition or swapped axis can pass.
+BATCH, SRC_LEN, TGT_LEN = 3, 7, 5
+VOCAB, D_MODEL, D_FF, NUM_HEADS, D_K, D_V, MAX_LEN = 13, 20, 11, 2, 9, 17, 19
+EPSILON = 1e-6  # flax.linen.LayerNorm's default
+RTOL = ATOL = 1e-5  # float32 model (highest matmul precision, conftest.py) vs float64 reference
+
+
+def _config(norm_style: str, position_encoding: str) -> ModelConfig:
+    return ModelConfig(vocab_size=VOCAB, d_model=D_MODEL, d_ff=D_FF, num_heads=NUM_HEADS, d_k=D_K, d_v=D_V,
+                       num_encoder_layers=1, num_decoder_layers=1, max_len=MAX_LEN, dropout_rate=0.1,
+                       norm_style=norm_style, position_encoding=position_encoding, deterministic=True)
+
+
+def _random_params(cfg: ModelConfig, seed: int):
+    """Parameters in the model's own tree (shapes from tracing ``init_params``; nothing is compiled), drawn
+    from NumPy: float32 kernels N(0, 1 / fan_in) with fan_in all axes but the last, and LayerNorm scales,
+    offsets and FFN biases away from 1 and 0."""
+    shapes = jax.eval_shape(lambda key: model_lib.init_params(cfg, rng=key), jax.random.key(0))
+    rng = np.random.default_rng(seed)
+
+    def draw(path, leaf):
+        noise = rng.standard_normal(leaf.shape)
+        if leaf.ndim > 1:
+            noise /= math.sqrt(math.prod(leaf.shape[:-1]))
+        elif path[-1].key == "scale":
+            noise = 1.0 + 0.5 * noise
+        else:
+            noise = 0.5 * noise
+        return noise.astype(np.float32)
+
+    return jax.tree_util.tree_map_with_path(draw, shapes)
+
+
+def _batch(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """int32[batch, src_len] sources, rows 1 and 2 padded; int32[batch, tgt_len] targets, row 2 padded."""
+    rng = np.random.default_rng(seed)
+    src = rng.integers(PAD_ID + 1, VOCAB, size=(BATCH, SRC_LEN)).astype(np.int32)
+    tgt = rng.integers(PAD_ID + 1, VOCAB, size=(BATCH, TGT_LEN)).astype(np.int32)
+    src[1, -2:] = PAD_ID
+    src[2, -4:] = PAD_ID
+    tgt[2, -2:] = PAD_ID
+    return src, tgt
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The reference, float64 NumPy.
+
+
+def _np(tree):
+    return jax.tree.map(lambda p: np.asarray(p, np.float64), tree)
+
+
+def _layer_norm(x: np.ndarray, p) -> np.ndarray:
+    """float[..., d_model] normalized over the last axis, then scaled and shifted."""
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + EPSILON) * p["scale"] + p["bias"]
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _attention(x_q: np.ndarray, x_kv: np.ndarray, mask: np.ndarray, p) -> np.ndarray:
+    """Multi-head attention, one head at a time.
+
+    Args:
+      x_q: float[batch, q_len, d_model]; x_kv: float[batch, kv_len, d_model].
+      mask: bool[batch, q_len, kv_len], True = may attend.
+      p: query/key [d_model, h, d_k], value [d_model, h, d_v], out [h, d_v, d_model].
+
+    Returns:
+      float[batch, q_len, d_model]: Concat(head_1..head_h) W^O.
+    """
+    heads = []
+    for h in range(p["query"].shape[1]):
+        q = x_q @ p["query"][:, h]  # [B, Q, d_k]
+        k = x_kv @ p["key"][:, h]  # [B, K, d_k]
+        v = x_kv @ p["value"][:, h]  # [B, K, d_v]
+        scores = q @ k.transpose(0, 2, 1) / math.sqrt(q.shape[-1])  # [B, Q, K]
+        heads.append(_softmax(np.where(mask, scores, -np.inf)) @ v)  # [B, Q, d_v]
+    w_o = p["out"].reshape(-1, p["out"].shape[-1])  # [h * d_v, d_model], head-major like the concat
+    return np.concatenate(heads, axis=-1) @ w_o
+
+
+def _ffn(x: np.ndarray, p) -> np.ndarray:
+    """float[batch, length, d_model] -> same: max(0, x W_1 + b_1) W_2 + b_2."""
+    hidden = np.maximum(0.0, x @ p["wi"]["kernel"] + p["wi"]["bias"])  # [B, L, d_ff]
+    return hidden @ p["wo"]["kernel"] + p["wo"]["bias"]
+
+
+def _sublayer(x: np.ndarray, f, norm, norm_style: str) -> np.ndarray:
+    """Post-norm LN(x + f(x)) (the paper) or pre-norm x + f(LN(x)); no dropout (deterministic)."""
+    if norm_style == "pre":
+        return x + f(_layer_norm(x, norm))
+    return _layer_norm(x + f(x), norm)
+
+
+def _sinusoids(length: int, d_model: int) -> np.ndarray:
+    """float[length, d_model]: column 2i is sin(pos / 10000^(2i/d)), column 2i+1 is cos of the same angle."""
+    table = np.zeros((length, d_model))
+    for pos in range(length):
+        for col in range(d_model):
+            angle = pos / 10000.0 ** ((col - col % 2) / d_model)
+            table[pos, col] = math.sin(angle) if col % 2 == 0 else math.cos(angle)
+    return table
+
+
+def _embed(tokens: np.ndarray, params, stack: str, cfg: ModelConfig) -> np.ndarray:
+    """int[batch, length] -> float[batch, length, d_model]: E[token] * sqrt(d_model) + position."""
+    length = tokens.shape[1]
+    if cfg.position_encoding == "learned":
+        positions = params[stack]["positions"]["position_embedding"][:length]
+    else:
+        positions = _sinusoids(length, cfg.d_model)
+    return params["shared_embedding"]["embedding"][tokens] * math.sqrt(cfg.d_model) + positions[None]
+
+
+def _encoder_layer(x: np.ndarray, mask: np.ndarray, p, norm_style: str) -> np.ndarray:
+    """float[batch, src_len, d_model], bool[batch, src_len, src_len] -> float[batch, src_len, d_model]."""
+    x = _sublayer(x, lambda y: _attention(y, y, mask, p["self_attention"]), p["attention_block"]["norm"],
+                  norm_style)
+    return _sublayer(x, lambda y: _ffn(y, p["ffn"]), p["ffn_block"]["norm"], norm_style)
+
+
+def _decoder_layer(x: np.ndarray, encoded: np.ndarray, self_mask: np.ndarray, cross_mask: np.ndarray, p,
+                   norm_style: str) -> np.ndarray:
+    """Masked self-attention, encoder-decoder attention, FFN, each in its residual sub-layer.
+
+    Args:
+      x: float[batch, tgt_len, d_model]; encoded: float[batch, src_len, d_model].
+      self_mask: bool[batch, tgt_len, tgt_len] (causal); cross_mask: bool[batch, tgt_len, src_len] (padding).
+    """
+    x = _sublayer(x, lambda y: _attention(y, y, self_mask, p["self_attention"]),
+                  p["self_attention_block"]["norm"], norm_style)
+    x = _sublayer(x, lambda y: _attention(y, encoded, cross_mask, p["cross_attention"]),
+                  p["cross_attention_block"]["norm"], norm_style)
+    return _sublayer(x, lambda y: _ffn(y, p["ffn"]), p["ffn_block"]["norm"], norm_style)
+
+
+def reference_encode(params, src: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+    """float64[batch, src_len, d_model] encoder output of int[batch, src_len] sources."""
+    p = params["encoder"]
+    mask = np.broadcast_to((src != PAD_ID)[:, None, :], (src.shape[0], src.shape[1], src.shape[1]))
+    x = _embed(src, params, "encoder", cfg)
+    for i in range(cfg.num_encoder_layers):
+        x = _encoder_layer(x, mask, p[f"layer_{i}"], cfg.norm_style)
+    return _layer_norm(x, p["final_norm"]) if cfg.norm_style == "pre" else x
+
+
+def reference_logits(params, src: np.ndarray, tgt: np.ndarray, cfg: ModelConfig) -> np.ndarray:
+    """float64[batch, tgt_len, vocab] teacher-forced logits; the decoder reads [BOS, tgt[:-1]]."""
+    p = params["decoder"]
+    encoded = reference_encode(params, src, cfg)
+    batch, tgt_len = tgt.shape
+    decoder_input = np.concatenate([np.full((batch, 1), BOS_ID), tgt[:, :-1]], axis=1)  # [B, T]
+    causal = np.tril(np.ones((tgt_len, tgt_len), bool))  # [T, T], position i sees j <= i
+    self_mask = np.broadcast_to(causal[None], (batch, tgt_len, tgt_len))
+    cross_mask = np.broadcast_to((src != PAD_ID)[:, None, :], (batch, tgt_len, src.shape[1]))
+    x = _embed(decoder_input, params, "decoder", cfg)
+    for i in range(cfg.num_decoder_layers):
+        x = _decoder_layer(x, encoded, self_mask, cross_mask, p[f"layer_{i}"], cfg.norm_style)
+    if cfg.norm_style == "pre":
+        x = _layer_norm(x, p["final_norm"])
+    return x @ params["shared_embedding"]["embedding"].T  # [B, T, vocab]
+
+
+# ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("position_encoding", ["sinusoidal", "learned"])
+@pytest.mark.parametrize("norm_style", ["post", "pre"])
+def test_forward_matches_numpy_reference(norm_style, position_encoding):
+    cfg = _config(norm_style, position_encoding)
+    params = _random_params(cfg, seed=7)
+    src, tgt = _batch(seed=11)
+    assert (src == PAD_ID).any(axis=1).tolist() == [False, True, True]  # the padding mask is exercised
+    model = model_lib.Transformer(cfg)
+
+    encoded = model.apply({"params": params}, src, method=model_lib.Transformer.encode)
+    assert encoded.shape == (BATCH, SRC_LEN, D_MODEL)
+    np.testing.assert_allclose(np.asarray(encoded), reference_encode(_np(params), src, cfg),
+                               rtol=RTOL, atol=ATOL, err_msg="encoder output")
+
+    logits = model.apply({"params": params}, src, tgt)
+    assert logits.shape == (BATCH, TGT_LEN, VOCAB)
+    np.testing.assert_allclose(np.asarray(logits), reference_logits(_np(params), src, tgt, cfg),
+                               rtol=RTOL, atol=ATOL, err_msg="logits")

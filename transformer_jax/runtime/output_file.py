@@ -1,0 +1,90 @@
+"""A result file written whole or not at all, and checked before the work that fills it.
+
+``OutputFile(path)`` checks at once that ``path`` can be written (its folder exists and takes files, it is
+not a folder itself) by creating an empty temporary file beside it; ``write(text)`` fills that file,
+flushes it to disk and renames it over ``path``. A crash at any point leaves the previous ``path``, or
+none, never a partial one. ``write_stdout`` is the same contract's half that stdout allows: a full disk
+or a closed pipe is one line, not a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import sys
+import tempfile
+
+from transformer_jax.runtime import disk
+from transformer_jax.runtime.errors import ConfigError, DiskFullError, UserError
+
+
+class OutputFile:
+    """``with OutputFile(path, flag="--output") as out: ...; out.write(text)``.
+
+    Raises ConfigError (one line) on entry when ``path`` is a folder, its folder is missing, or the folder
+    takes no new file (read-only filesystem, no permission). Leaving the block without ``write``, or by
+    an exception, removes the temporary file and keeps ``path`` as it was.
+    """
+
+    def __init__(self, path: str, *, flag: str = "--output"):
+        self.path, self.flag = path, flag
+        folder = os.path.dirname(os.path.abspath(path))
+        if os.path.isdir(path):
+            raise ConfigError(f"{flag}={path} is a folder; expected a file path, e.g. {flag}={path}/out.txt")
+        if not os.path.isdir(folder):
+            raise ConfigError(f"{flag}={path}: the folder {folder} does not exist; create it first")
+        try:
+            fd, self._tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+        except OSError as e:
+            raise ConfigError(f"{flag}={path}: cannot write in {folder} ({e.strerror}); choose another "
+                              "path") from None
+        os.close(fd)
+
+    def __enter__(self) -> OutputFile:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.discard()
+
+    def discard(self) -> None:
+        """Removes the temporary file, if it is still there."""
+        if self._tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self._tmp)
+            self._tmp = None
+
+    def write(self, text: str) -> None:
+        """Writes ``text`` (UTF-8) to ``path`` atomically; DiskFullError names ``path``'s filesystem."""
+        try:
+            with open(self._tmp, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(self._tmp, self.path)
+            self._tmp = None
+        except OSError as e:
+            self.discard()
+            if disk.is_disk_full(e):
+                raise DiskFullError(
+                    f"no space left writing {self.flag}={self.path}: {disk.describe_filesystem(self.path)} "
+                    "is full; nothing was written (an earlier file there is kept). Free some space or "
+                    f"choose another {self.flag}") from None
+            raise
+
+
+def write_stdout(text: str) -> None:
+    """Writes ``text`` to stdout and flushes; a full disk or a closed pipe raises a one-line UserError."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as e:
+        target = "standard output"
+        with contextlib.suppress(OSError):
+            target += f" ({os.readlink('/proc/self/fd/1')})"
+        if disk.is_disk_full(e):
+            raise DiskFullError(f"no space left writing to {target}; redirect it to a filesystem with "
+                                "space, or pass --output") from None
+        if e.errno == errno.EPIPE:
+            raise UserError(f"{target} was closed before the output was written") from None
+        raise
