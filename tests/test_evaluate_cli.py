@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from tiny import config_with
+from tiny import config_with, untrained_workdir
 
 from transformer_jax import data as data_lib
 from transformer_jax import run_config
@@ -166,3 +166,22 @@ def test_the_default_average_names_its_source_when_too_few_checkpoints(averaging
     scored = scoring.evaluate_workdir(averaging_workdir, step=2, average_last=1, beam_size=1,
                                       max_extra_len=4, output_dir=str(tmp_path / "out"))
     assert scored["averaged_steps"] == [2]
+
+
+def test_a_parsing_average_is_written_beside_the_single_checkpoint_result(tmp_path):
+    """An averaged parsing score goes to <split>-<step>-avg<N>.*, as a translation one does, and the
+    no-overwrite guard holds for it."""
+    path = str(tmp_path / "parsing")
+    untrained_workdir(config_with({**TINY, "data.source": "synthetic_trees", "data.synthetic_dev_size": 3}),
+                      path, steps=(1, 2))
+    settings = {"split": "dev", "beam_size": 1, "max_extra_len": 4}
+    single = scoring.evaluate_workdir(path, average_last=1, **settings)
+    averaged = scoring.evaluate_workdir(path, average_last=2, **settings)
+    assert [os.path.basename(p) for p in single["outputs"]] == ["dev-2.txt", "dev-2.json"]
+    assert [os.path.basename(p) for p in averaged["outputs"]] == ["dev-2-avg2.txt", "dev-2-avg2.json"]
+    assert sorted(os.listdir(os.path.join(path, "eval"))) == [
+        "dev-2-avg2.json", "dev-2-avg2.txt", "dev-2.json", "dev-2.txt"]
+    with open(os.path.join(path, "eval", "dev-2.json")) as f:
+        assert json.load(f)["average_last"] == 1  # not replaced by the average
+    with pytest.raises(UserError, match=r"dev-2-avg2\.json exists"):
+        scoring.evaluate_workdir(path, average_last=2, **settings)

@@ -22,7 +22,6 @@ decoder and checkpoints are the translation ones. What differs is here:
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -183,11 +182,12 @@ def summary_keys() -> tuple[str, ...]:
 def evaluate_restored(restored, params, batches, ppl: dict, *, split: str, average_last: int,
                       averaged_steps: list[int] | None = None, source_file: str | None,
                       beam_size: int, alpha: float, max_extra_len: int,
-                      out_dir: str) -> dict[str, Any]:
+                      outputs: tuple[str, str]) -> dict[str, Any]:
     """``evaluation.evaluate_workdir`` for a parsing run: F1 and friends, outputs written, Table 4.
 
-    Writes the decoded trees (repaired bracket strings are not written: the raw outputs are) to
-    ``<out_dir>/<split>-<step>.txt`` and the numbers to ``<out_dir>/<split>-<step>.json``.
+    Writes the decoded trees (repaired bracket strings are not written: the raw outputs are) and the
+    numbers to ``outputs``, the (.txt, .json) paths ``evaluate_workdir`` claimed for this result
+    (``<split>-<step>[-avg<N>]``).
 
     Raises:
       ValueError: ``source_file`` is given (parsing is scored on the run's own split, which has gold
@@ -207,15 +207,14 @@ def evaluate_restored(restored, params, batches, ppl: dict, *, split: str, avera
                **{key: report[key] for key in summary_keys()},
                "num_sentences": report["sentences"], "error_messages": report["error_messages"],
                "labels": report["labels"]}
-    os.makedirs(out_dir, exist_ok=True)
-    stem = os.path.join(out_dir, f"{split}-{restored.step}")
-    with open(stem + ".txt", "w") as f:
+    txt_path, json_path = outputs
+    with open(txt_path, "w") as f:
         f.writelines(output + "\n" for output in report["outputs"])
-    with open(stem + ".json", "w") as f:
+    with open(json_path, "w") as f:
         json.dump(results, f, indent=1)
     results["table"] = table4_comparison(run.name, run.data, split, report,
                                          train_trees=len(data_lib.get_source(run.data).trees("train")))
-    results["outputs"] = (stem + ".txt", stem + ".json")
+    results["outputs"] = outputs
     return results
 
 

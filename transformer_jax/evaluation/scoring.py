@@ -177,7 +177,7 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
         return parsing.evaluate_restored(
             restored, params, batches, ppl, split=split, average_last=average_last,
             averaged_steps=averaged_steps, source_file=source_file, beam_size=beam_size, alpha=alpha,
-            max_extra_len=max_extra_len, out_dir=out_dir)
+            max_extra_len=max_extra_len, outputs=(txt_path, json_path))
     scores = translate_and_score(params, model_config, tokenizer, batches, beam_size=beam_size,
                                  alpha=alpha, max_extra_len=max_extra_len,
                                  target_lang=run.data.tgt_lang)
