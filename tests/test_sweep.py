@@ -283,6 +283,20 @@ def test_an_attempt_killed_with_the_launcher_counts_until_its_log_stopped(tmp_pa
     assert 60.0 <= result["wall_seconds"] < 65.0
 
 
+def test_a_killed_attempt_counts_until_the_next_one_started(tmp_path):
+    """The next attempt writes the same log: its writes must not count for the killed one."""
+    row_dir = tmp_path / "base"
+    row_dir.mkdir()
+    started = 1_000_000.0
+    records = [{"phase": "train", "started": started},  # killed 30 s in, with its launcher
+               {"phase": "train", "started": started + 30},
+               {"phase": "train", "started": started + 30, "seconds": 200.0, "returncode": 0}]
+    (row_dir / launchers.ATTEMPTS).write_text("".join(json.dumps(r) + "\n" for r in records))
+    (row_dir / "train.log").write_text("...")
+    os.utime(row_dir / "train.log", (started + 230, started + 230))  # the second attempt's last write
+    assert launchers.attempt_seconds(str(row_dir)) == (230.0, 2)
+
+
 def test_a_crashing_row_does_not_stop_the_sweep(tmp_path, monkeypatch):
     runner = FakeRunner(fail={"D-ls0.0"})
     monkeypatch.setattr(launchers, "run_command", runner)

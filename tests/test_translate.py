@@ -328,6 +328,7 @@ def test_a_failed_translation_keeps_the_previous_output_and_leaves_no_temporary_
 def test_output_file_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
     target = tmp_path / "out.de"
     target.write_text("old\n")
+    (tmp_path / ".out.de.999999999.tmp").write_text("left by a run killed with -9")  # no such process
     with OutputFile(str(target)) as out:
         assert len(os.listdir(tmp_path)) == 2  # the temporary file, beside the target
         out.write("new\n")

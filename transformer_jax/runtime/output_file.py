@@ -1,7 +1,8 @@
 """A result file written whole or not at all, and checked before the work that fills it.
 
 ``OutputFile(path)`` checks at once that ``path`` can be written (its folder exists and takes files, it is
-not a folder itself) by creating an empty temporary file beside it; ``write(text)`` fills that file,
+not a folder itself) by creating an empty temporary file beside it (``.<name>.<pid>.tmp``; one left by a
+killed process is removed the next time); ``write(text)`` fills that file,
 flushes it to disk and renames it over ``path``. A crash at any point leaves the previous ``path``, or
 none, never a partial one. ``write_stdout`` is the same contract's half that stdout allows: a full disk
 or a closed pipe is one line, not a traceback.
@@ -13,7 +14,6 @@ import contextlib
 import errno
 import os
 import sys
-import tempfile
 
 from transformer_jax.runtime import disk
 from transformer_jax.runtime.errors import ConfigError, DiskFullError, UserError
@@ -34,12 +34,14 @@ class OutputFile:
             raise ConfigError(f"{flag}={path} is a folder; expected a file path, e.g. {flag}={path}/out.txt")
         if not os.path.isdir(folder):
             raise ConfigError(f"{flag}={path}: the folder {folder} does not exist; create it first")
+        _remove_orphans(folder, os.path.basename(path))
+        self._tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")
         try:
-            fd, self._tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+            os.close(os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
         except OSError as e:
+            self._tmp = None
             raise ConfigError(f"{flag}={path}: cannot write in {folder} ({e.strerror}); choose another "
                               "path") from None
-        os.close(fd)
 
     def __enter__(self) -> OutputFile:
         return self
@@ -68,9 +70,23 @@ class OutputFile:
             if disk.is_disk_full(e):
                 raise DiskFullError(
                     f"no space left writing {self.flag}={self.path}: {disk.describe_filesystem(self.path)} "
-                    "is full; nothing was written (an earlier file there is kept). Free some space or "
-                    f"choose another {self.flag}") from None
+                    "ran out of space; nothing was written (an earlier file there is kept). Free some "
+                    f"space or choose another {self.flag}") from None
             raise
+
+
+def _remove_orphans(folder: str, name: str) -> None:
+    """Removes ``.<name>.<pid>.tmp`` files whose process is gone (a run killed with -9 leaves one)."""
+    for entry in os.listdir(folder):
+        pid = entry.removeprefix(f".{name}.").removesuffix(".tmp")
+        if entry.startswith(f".{name}.") and entry.endswith(".tmp") and pid.isdigit():
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(folder, entry))
+            except PermissionError:  # another user's live process
+                pass
 
 
 def write_stdout(text: str) -> None:

@@ -161,15 +161,18 @@ def attempt_seconds(row_dir: str) -> tuple[float, int]:
     """(wall seconds of every attempt of the row, train and evaluate; the number of train attempts).
 
     An attempt that started but never logged its end (the launcher was killed with it) counts until the
-    last write to its log.
+    last write to its log, or until the next attempt started, whichever came first.
     """
     records = read_jsonl(os.path.join(row_dir, ATTEMPTS))
     ended = {(r["phase"], r["started"]) for r in records if "seconds" in r}
     seconds = sum(r["seconds"] for r in records if "seconds" in r)
+    starts = sorted({r["started"] for r in records})
     for r in records:
         if "seconds" not in r and (r["phase"], r["started"]) not in ended:
             log = os.path.join(row_dir, f"{r['phase']}.log")
-            seconds += max(0.0, os.path.getmtime(log) - r["started"]) if os.path.exists(log) else 0.0
+            end = os.path.getmtime(log) if os.path.exists(log) else r["started"]
+            end = min([end, *(t for t in starts if t > r["started"])])
+            seconds += max(0.0, end - r["started"])
     return seconds, sum(r["phase"] == "train" and "seconds" not in r for r in records)
 
 
