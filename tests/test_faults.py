@@ -35,7 +35,7 @@ FAULT = {
     "train.num_steps": STEPS, "train.warmup_steps": 2,
     "log_every_steps": 1, "eval_every_steps": 0, "eval_bleu_examples": 0,
     "checkpoint_every_steps": 1, "checkpoint_every_minutes": 0.0, "checkpoint_keep": 20,
-    "final_eval_split": "", "final_beam_size": 4,
+    "final_eval_split": "", "final_beam_size": 4, "peak_tflops_per_device": 1.0,
 }
 # A failed tensorstore read inside orbax's asyncio.run leaves a callback for the closed event loop.
 _IGNORE_CLOSED_LOOP = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")

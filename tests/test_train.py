@@ -22,7 +22,7 @@ TINY = {
     "data.vocab_size": 120, "data.tokens_per_batch": 512,
     "model.d_model": 16, "model.d_ff": 24, "model.num_heads": 2,
     "model.num_encoder_layers": 1, "model.num_decoder_layers": 1,
-    "train.num_steps": 6, "train.warmup_steps": 2,
+    "train.num_steps": 6, "train.warmup_steps": 2, "peak_tflops_per_device": 1.0,
     "log_every_steps": 2, "eval_every_steps": 4, "eval_bleu_examples": 4,
     "checkpoint_every_steps": 2, "checkpoint_every_minutes": 0.0,
     "final_eval_split": "test", "final_beam_size": 2,
@@ -73,7 +73,7 @@ def test_run_writes_metrics_tensorboard_checkpoints_and_final_report(uninterrupt
     assert [r["step"] for r in train_records] == [2, 4, 6]
     for r in train_records:
         assert r["train_tokens_per_sec"] > 0 and 0 < r["train_mfu"] < 1 and r["train_ppl"] > 1
-        assert r["train_peak_tflops"] > 0  # measured at start-up: the default config gives none
+        assert r["train_peak_tflops"] == 1.0  # the config's (measuring it: test_mfu_peak_is_...)
     assert any("dev_nll" in r for r in records)
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(workdir / "tensorboard"))
     assert sorted(int(s) for s in os.listdir(workdir / "checkpoints") if s.isdigit()) == [2, 4, 6]
