@@ -14,7 +14,8 @@ one and the sweep's array, ``sweep/launchers.py``) handles the time limit the sa
   ``--open-mode=append`` keeps every attempt's output in one log. The job comes back with the same id
   and resumes from the checkpoint.
 
-``scancel`` is not the time limit: the run still saves and exits, but the job is not requeued.
+``scancel`` is not the time limit: Slurm sends SIGTERM (then SIGKILL after its KillWait), the run saves
+if it has the time, and the job is not requeued; resubmitting resumes from the last checkpoint.
 """
 
 from __future__ import annotations
