@@ -8,7 +8,6 @@
   which the Checkpointer treats like any other damage (warn, fall back to the previous step).
 * ``model_differences``: the fields of the model (and the vocabulary) in which two run configs differ, so
   a resume or an evaluation with a different model fails with one clear error before any array is read.
-* ``file_sha256``: the tokenizer's hash, saved with every checkpoint and verified when a workdir is reused.
 
 The checksum of an array with bits b_i (its elements as uint32, i the flat row-major index) is the pair
   h1 = sum_i b_i * (2 i + 1),   h2 = sum_i mix(b_i) * (golden * i | 1)   (mod 2^32 each),
@@ -164,11 +163,6 @@ def verify_digest(saved: dict[str, dict], restored_state: Any, prefix: str = "")
 def json_sha256(value: Any) -> str:
     """A hash of a JSON-able value (the saved data-iterator state and config)."""
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
-
-
-def file_sha256(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
 
 
 # ------------------------------------------------------------------------------------------ config checks

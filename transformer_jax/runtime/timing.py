@@ -33,11 +33,6 @@ def time_calls(fn: Callable[[], Any], repeats: int) -> list[float]:
     return times
 
 
-def median_seconds(fn: Callable[[], Any], repeats: int) -> float:
-    """The median of ``time_calls(fn, repeats)``."""
-    return statistics.median(time_calls(fn, repeats))
-
-
 @dataclasses.dataclass(frozen=True)
 class Peak:
     """A measured matmul peak. ``best_flops`` (the fastest run) is the MFU denominator."""
