@@ -21,6 +21,7 @@ from tiny import config_with, saved_state
 
 from transformer_jax import run_config
 from transformer_jax.checkpoints import integrity, restore
+from transformer_jax.checkpoints.manager import Checkpointer
 from transformer_jax.data import load_or_train_tokenizer
 from transformer_jax.runtime.errors import MissingFileError
 from transformer_jax.training import loop
@@ -140,7 +141,10 @@ def test_kill_9_at_startup_mid_training_and_mid_save_then_resume_bitwise(tmp_pat
 
 
 # ------------------------------------------------------------------------------------------------ SIGTERM
-def test_sigterm_in_each_phase_exits_zero_and_loses_nothing(tmp_path):
+def test_sigterm_in_each_phase_exits_zero_and_loses_nothing(tmp_path, monkeypatch):
+    # Each phase must still be running when its signal comes: programs compiled cold, not loaded from the
+    # test run's compilation cache (a cached final evaluation can end before the signal is sent).
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "")
     workdir = tmp_path / "sigterm"
     proc = start("train.py", workdir, **{"train.num_steps": 100000})  # setup: tokenizer, init, compile
     wait_for(lambda: (workdir / ".lock").exists(), proc, "the workdir lock", poll=0.005)
@@ -256,6 +260,28 @@ def test_a_changed_model_config_names_the_fields_and_damages_nothing(tmp_path, r
     assert saved_steps(workdir) == list(range(1, STEPS + 1))
     assert not glob.glob(f"{workdir}/checkpoints/*damaged*")
     assert not [r for r in caplog.records if "damaged" in r.getMessage()]
+
+
+def test_a_resume_may_change_how_steps_compute_but_not_what_the_parameters_are(tmp_path, reference,
+                                                                                capsys):
+    """dtype, the attention kernel and dropout keep every parameter's shape and meaning: allowed, named."""
+    workdir = copy_of(reference, tmp_path)
+    changes = {"model.dtype": "bfloat16", "model.attention_impl": "blockwise", "model.dropout_rate": 0.3}
+    saved = {"model": {"d_model": 16, "dtype": "float32", "attention_impl": "dense", "dropout_rate": 0.1},
+             "data": {"vocab_size": 64}}
+    new = {"model": {"d_model": 16, **{k.split(".")[1]: v for k, v in changes.items()}},
+           "data": {"vocab_size": 64}}
+    assert integrity.model_differences(saved, new) == []
+    assert integrity.run_time_differences(saved, new) == [
+        "model.attention_impl: saved 'dense', new 'blockwise'", "model.dropout_rate: saved 0.1, new 0.3",
+        "model.dtype: saved 'float32', new 'bfloat16'"]
+    run = run_config.build_run_config(config_with({**FAULT, **changes}))
+    with Checkpointer(restore.checkpoint_dir(str(workdir)), save_every_steps=None, save_every_minutes=None,
+                      read_only=True) as ckpt:
+        restore.check_workdir(ckpt, run, str(workdir))
+    out = capsys.readouterr().out
+    assert f"Resuming step {STEPS} with changed settings that keep the parameters: " in out
+    assert "model.dtype: saved 'float32', new 'bfloat16'" in out
 
 
 def test_the_init_alone_may_differ_on_resume_even_when_the_saved_config_predates_it():

@@ -6,8 +6,10 @@
   refused, and the checksums are saved beside the state (the ``integrity`` item). At restore the restored
   arrays are digested again; a mismatch means silent corruption of the files (``CorruptCheckpointError``),
   which the Checkpointer treats like any other damage (warn, fall back to the previous step).
-* ``model_differences``: the fields of the model (and the vocabulary) in which two run configs differ, so
-  a resume or an evaluation with a different model fails with one clear error before any array is read.
+* ``model_differences``: the fields that decide the arrays' shapes or meaning (the model's and the
+  vocabulary's) in which two run configs differ, so a resume with a different model fails with one clear
+  error before any array is read; ``run_time_differences``: the fields a resume may change (dtype,
+  attention kernel, dropout...), for a notice.
 
 The checksum of an array with bits b_i (its elements as uint32, i the flat row-major index) is the pair
   h1 = sum_i b_i * (2 i + 1),   h2 = sum_i mix(b_i) * (golden * i | 1)   (mod 2^32 each),
@@ -178,22 +180,20 @@ def _flatten(tree: Any, prefix: str) -> dict[str, Any]:
 # The config fields that decide the arrays' shapes and meaning; the rest (steps, schedules) may change.
 COMPARED_SECTIONS = ("model",)
 COMPARED_DATA_FIELDS = ("vocab_size", "vocab_type")
-# How step 0 draws the arrays, not what they are: a resumed run restores them, so these may differ (and
-# are missing from the configs saved before they existed).
-INIT_ONLY_FIELDS = ("model.attention_init",)
+# How step 0 draws the arrays, or how a step computes with them (precision, attention kernel, dropout,
+# decoding), not their shapes or meaning: a resume may change these (``run_time_differences`` lists them
+# for a notice), and configs saved before a field existed lack it.
+RUN_TIME_FIELDS = tuple(f"model.{name}" for name in (
+    "attention_init", "dropout_rate", "attention_dropout_rate", "attention_impl", "attention_block_size",
+    "decode_cache_len", "dtype", "attention_witness", "deterministic", "decode", "decode_beams"))
 
 
 def _as_dict(config: Any) -> dict:
     return config if isinstance(config, dict) else config.to_dict()
 
 
-def model_differences(saved_config: Any, new_config: Any) -> list[str]:
-    """``["model.d_model: saved 32, new 64", ...]``: the model and vocabulary fields that differ.
-
-    Both configs may be dicts (a checkpoint's saved JSON) or ConfigDicts. A field missing on one side
-    counts as a difference only if the other side sets it to something other than None. Fields that
-    only choose the initialization (``INIT_ONLY_FIELDS``) are not compared.
-    """
+def _differences(saved_config: Any, new_config: Any) -> list[tuple[str, Any, Any]]:
+    """(field, saved, new) for every model and vocabulary field in which the configs differ."""
     saved, new = _as_dict(saved_config), _as_dict(new_config)
     old_fields, new_fields = {}, {}
     for section in COMPARED_SECTIONS:
@@ -203,9 +203,24 @@ def model_differences(saved_config: Any, new_config: Any) -> list[str]:
         for fields, config in ((old_fields, saved), (new_fields, new)):
             if name in config.get("data", {}):
                 fields[f"data.{name}"] = config["data"][name]
-    out = []
-    for key in sorted((set(old_fields) | set(new_fields)) - set(INIT_ONLY_FIELDS)):
-        old, cur = old_fields.get(key), new_fields.get(key)
-        if old != cur:
-            out.append(f"{key}: saved {old!r}, new {cur!r}")
-    return out
+    keys = sorted(set(old_fields) | set(new_fields))
+    return [(key, old_fields.get(key), new_fields.get(key)) for key in keys
+            if old_fields.get(key) != new_fields.get(key)]
+
+
+def model_differences(saved_config: Any, new_config: Any) -> list[str]:
+    """``["model.d_model: saved 32, new 64", ...]``: the fields that decide the arrays' shapes or meaning
+    (the model's, and the vocabulary's) in which the configs differ; ``RUN_TIME_FIELDS`` are not compared.
+
+    Both configs may be dicts (a checkpoint's saved JSON) or ConfigDicts. A field missing on one side
+    counts as a difference only if the other side sets it to something other than None.
+    """
+    return [f"{key}: saved {old!r}, new {cur!r}" for key, old, cur in _differences(saved_config, new_config)
+            if key not in RUN_TIME_FIELDS]
+
+
+def run_time_differences(saved_config: Any, new_config: Any) -> list[str]:
+    """Like ``model_differences``, for the ``RUN_TIME_FIELDS`` a resume may change; a field missing from
+    the saved config (saved before it existed) is not listed."""
+    return [f"{key}: saved {old!r}, new {cur!r}" for key, old, cur in _differences(saved_config, new_config)
+            if key in RUN_TIME_FIELDS and old is not None]

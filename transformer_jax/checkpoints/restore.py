@@ -26,6 +26,7 @@ from transformer_jax.checkpoints.integrity import (
     TokenizerMismatchError,
     first_few,
     model_differences,
+    run_time_differences,
 )
 from transformer_jax.checkpoints.manager import Checkpointer
 from transformer_jax.data.config import DataConfig
@@ -105,13 +106,15 @@ def load_workdir_tokenizer(data: DataConfig, workdir: str,
     return tokenizer
 
 
-def check_same_model(saved_config: dict, run: RunConfig, where: str) -> None:
-    """Raises CheckpointMismatchError listing the model / vocabulary fields in which ``run`` differs."""
+def check_same_model(saved_config: dict, run: RunConfig, where: str) -> list[str]:
+    """Raises CheckpointMismatchError listing the shape- or meaning-deciding model / vocabulary fields in
+    which ``run`` differs; returns the run-time fields it changes (``integrity.RUN_TIME_FIELDS``)."""
     differences = model_differences(saved_config, dict(run.saved))
     if differences:
         raise CheckpointMismatchError(
             f"the model config differs from the one saved in {where}: {first_few(differences, 8, '; ')}. "
             "Use the saved values to resume, or another workdir to train a new model.")
+    return run_time_differences(saved_config, dict(run.saved))
 
 
 def check_workdir(ckpt: Checkpointer, run: RunConfig, workdir: str) -> str | None:
@@ -123,7 +126,10 @@ def check_workdir(ckpt: Checkpointer, run: RunConfig, workdir: str) -> str | Non
     if ckpt.latest_step() is None:
         return None
     step, saved_config, metadata = ckpt.saved_info()
-    check_same_model(saved_config, run, f"checkpoint step {step} in {ckpt.directory}")
+    changed = check_same_model(saved_config, run, f"checkpoint step {step} in {ckpt.directory}")
+    if changed and jax.process_index() == 0:
+        print(f"Resuming step {step} with changed settings that keep the parameters: "
+              f"{first_few(changed, 8, '; ')}")
     expected = metadata.get("tokenizer_sha256")
     load_workdir_tokenizer(run.data, workdir, expected)
     return expected
