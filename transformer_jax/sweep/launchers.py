@@ -49,6 +49,7 @@ def evaluate_command(row_dir: str, python: str, beam_size: int) -> list[str]:
 
 
 _stopped_by: str | None = None  # "SIGTERM" / "SIGINT" once one reached the launcher: no further row starts
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 def _die_with_launcher() -> None:
@@ -59,9 +60,6 @@ def _die_with_launcher() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):
         return
-
-
-_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 @contextlib.contextmanager
