@@ -58,7 +58,8 @@ def test_parse_trees_reads_several_trees_and_the_outer_bracket():
     ],
 )
 def test_parse_errors_name_file_line_and_tree(text, message):
-    with pytest.raises(ValueError, match=message):
+    """User errors (one ``error:`` line at the entry points), naming the file, the line and the tree."""
+    with pytest.raises(DataError, match=message):
         parse_trees(text, source="f.mrg")
 
 
@@ -244,14 +245,3 @@ def test_pcfg_splits_are_deterministic_disjoint_and_sized():
     for tree in splits["train"]:
         assert tree.label == "S" and tree.tags()[-1] == "."
         assert pcfg.MIN_WORDS <= len(tree.words()) <= pcfg.MAX_WORDS
-
-
-@pytest.mark.parametrize("text, message", [
-    ("(S (NP x) (VP y)\n", r"wsj_0003\.mrg: tree 1 is not closed \(1 open\)"),
-    ("(S (NP x) (VP y)))\n", r"wsj_0003\.mrg:1: after tree 1: '\)' closes nothing"),
-    ("(S (NP x) (S))\n", r"wsj_0003\.mrg:1: tree 1: empty bracket '\(S\)'"),
-])
-def test_a_malformed_treebank_file_is_a_data_error(text, message):
-    """A user error (one ``error:`` line at the entry points), naming the file, the line and the tree."""
-    with pytest.raises(DataError, match=message):
-        parse_trees(text, source="wsj_0003.mrg")
