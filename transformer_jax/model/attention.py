@@ -168,8 +168,9 @@ def decode_attention(query: Array, key: Array, value: Array, mask: Array | None)
     The queries of one example (its ``group`` beams) share that example's keys, so each (example, head)
     is one product with the keys instead of ``group`` matrix-vector products over copies of them. The
     logits are laid out keys-first, [batch, heads, kv_len, group]: XLA:CPU runs ``keys x queries^T``
-    about 6x faster than ``queries x keys^T`` at these shapes (a [kv_len, d_k] x [d_k, group] product
-    per example and head). Equals :func:`dot_product_attention` on the keys repeated per row.
+    several times faster than ``queries x keys^T`` at these shapes (a [kv_len, d_k] x [d_k, group]
+    product per example and head; measured in docs/benchmarks.md). Equals :func:`dot_product_attention`
+    on the keys repeated per row.
 
     Args:
       query: float[batch * group, 1, num_heads, d_k]; row ``b * group + g`` belongs to example b.

@@ -49,7 +49,7 @@ class ModelConfig:
     attention_block_size: int = 512  # query/key block of the blockwise implementation
     # Glorot fans of the head-split W^Q, W^K, W^V, W^O: "matrix" takes those of the 2-D matrix each stands
     # for (flax DenseGeneral, fairseq, tensor2tensor); "narrow" takes flax's default axes on the 3-D
-    # kernel, which draws W^Q 4.2x narrower at d_model 128, h 4, so attention starts near uniform.
+    # kernel, which draws W^Q several times narrower (docs/benchmarks.md), so attention starts near uniform.
     attention_init: str = "matrix"
     decode_cache_len: int | None = None  # decoder self-attention cache length; None: max_len
     dtype: str = "float32"  # compute dtype; parameters are always float32

@@ -3,12 +3,12 @@
 XLA:CPU allocates each step's temporaries (hundreds of MB at 4k tokens and an 8k vocabulary) with
 malloc and frees them when the step ends. glibc's defaults return that memory to the kernel: large blocks
 are ``mmap``-ed and unmapped, and per-thread arenas are trimmed. The next step then faults every page back
-in: on configs/multi30k.py that was ~200k page faults per step, 20% of the CPU time spent in the kernel,
-and one core's worth of training throughput lost (measured in docs/multi30k.md).
+in: page faults and kernel time that cost a large share of a training step on CPU (measured in
+docs/benchmarks.md).
 
 ``keep_freed_memory`` sets glibc's ``mallopt`` so that freed memory stays in the process: one arena (the
 XLA threads share the main heap), no ``mmap``-ed blocks, and no trimming. Host
-memory then stays at the high-water mark of a step (about 2.5x the default's resident size there) instead
+memory then stays at the high-water mark of a step (a multiple of the default's resident size) instead
 of being returned after every step. It must run before jax starts its threads; the entry points that
 train (``errors.run_main``) call it first. Set ``TRANSFORMER_JAX_GLIBC_MALLOC=default`` to keep glibc's
 defaults. Elsewhere than on glibc it does nothing.
