@@ -50,6 +50,14 @@ _OUTPUT_DIR = flags.DEFINE_string(
     "so a read-only workdir can be scored with --output_dir elsewhere.")
 _COMPILATION_CACHE_DIR = flags.DEFINE_string(
     "compilation_cache_dir", compile_cache.DEFAULT_DIR, compile_cache.FLAG_HELP)
+_ENGINE = flags.DEFINE_enum(
+    "engine", "jax", ["jax", "ctranslate2"],
+    "Decoder: jax (the reference) or ctranslate2 (the averaged parameters exported to a temporary "
+    "CTranslate2 model; needs pip install -e \".[serve]\"); outputs are named <...>-ctranslate2.")
+_THREADS = flags.DEFINE_integer("threads", None, "--engine=ctranslate2: CPU threads (default: all cores).")
+_QUANTIZATION = flags.DEFINE_string(
+    "quantization", None, "--engine=ctranslate2: weight type (float32, int8, int8_float32, bfloat16); "
+    "default: the export's (float32 below d_model 256, int8 from it).")
 _OVERWRITE = flags.DEFINE_bool(
     "overwrite", False, "Replace an existing result of the same step and inputs (otherwise an error).")
 
@@ -61,7 +69,8 @@ def main(argv):
         _WORKDIR.value, step=_STEP.value, average_last=_AVERAGE_LAST.value, split=_SPLIT.value,
         source_file=_SOURCE_FILE.value, reference_file=_REFERENCE_FILE.value,
         beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value, max_extra_len=_MAX_EXTRA_LEN.value,
-        output_dir=_OUTPUT_DIR.value, overwrite=_OVERWRITE.value)
+        output_dir=_OUTPUT_DIR.value, overwrite=_OVERWRITE.value, engine=_ENGINE.value,
+        threads=_THREADS.value, quantization=_QUANTIZATION.value)
     table = results.pop("table")
     print(json.dumps(results, indent=1))
     print()

@@ -43,6 +43,12 @@ BAD_INPUTS = [
     ("transformer_jax.benchmarks.train_step", ("--presets=nope",), "nope"),
     ("transformer_jax.translate", (f"--workdir={MISSING}",), MISSING),
     ("transformer_jax.translate", ("--beam_size=0", "--workdir=."), "--beam_size=0"),
+    ("transformer_jax.translate", ("--threads=2", "--workdir=."),
+     "--threads applies to --engine=ctranslate2"),
+    ("transformer_jax.translate", ("--engine=ctranslate2", "--threads=-1", "--workdir=."), "--threads=-1"),
+    ("transformer_jax.export", (f"--workdir={MISSING}",), MISSING),
+    ("transformer_jax.export", ("--quantization=int4",), "int4"),
+    ("evaluate.py", ("--quantization=int8", "--workdir=."), "--quantization applies to --engine=ctranslate2"),
 ]
 
 

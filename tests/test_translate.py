@@ -366,8 +366,8 @@ def test_throughput_benchmark_reports_the_translate_path_on_a_file(workdir, tmp_
 
     lines = ["one sentence", "", "another, longer sentence here", "x"]
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
-    record = decoding.bench_throughput(str(tmp_path / "in.txt"), workdir, num_sentences=3, beam_size=2,
-                                       repeats=1)
+    [record] = decoding.bench_throughput(str(tmp_path / "in.txt"), workdir, num_sentences=3, beam_size=2,
+                                         repeats=1)
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == record
     assert record["num_sentences"] == 3 and record["beam_size"] == 2
     restored = restore.restore_workdir(workdir)

@@ -1,6 +1,7 @@
 """Translates raw text with a trained workdir.
 
     python -m transformer_jax.translate --workdir=DIR [--average_last=N] [--beam_size=K] < in.txt > out.txt
+    python -m transformer_jax.translate --workdir=DIR --engine=ctranslate2 [--threads=N] < in.txt > out.txt
 
 One sentence a line from stdin (or --input); the detokenized translations, one a line in the input
 order, go to stdout (or --output). An empty line gives an empty line. A line too long for the model is
@@ -41,6 +42,15 @@ _PROGRESS = flags.DEFINE_bool(
     "progress", None, "Show a progress bar on stderr (default: when the input is a file).")
 _COMPILATION_CACHE_DIR = flags.DEFINE_string(
     "compilation_cache_dir", compile_cache.DEFAULT_DIR, compile_cache.FLAG_HELP)
+_ENGINE = flags.DEFINE_enum(
+    "engine", "jax", list(translation.ENGINES),
+    "jax: this codebase's decoder, the reference; ctranslate2: the workdir's CTranslate2 export (made "
+    "first when missing; python -m transformer_jax.export), needs pip install -e \".[serve]\".")
+_THREADS = flags.DEFINE_integer(
+    "threads", None, "--engine=ctranslate2: CPU threads (default: CTranslate2's, all cores).")
+_EXPORT_DIR = flags.DEFINE_string(
+    "export_dir", None, "--engine=ctranslate2: the export to decode with (default: "
+    "<workdir>/export/ctranslate2).")
 _STATS = flags.DEFINE_bool(
     "stats", False, "Print sentences/s and target tokens/s as one JSON line on stderr.")
 
@@ -52,7 +62,8 @@ def main(argv):
         _WORKDIR.value, input_path=_INPUT.value, output_path=_OUTPUT.value, step=_STEP.value,
         average_last=_AVERAGE_LAST.value, beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value,
         max_extra_len=_MAX_EXTRA_LEN.value, truncate=_TRUNCATE.value,
-        tokens_per_batch=_TOKENS_PER_BATCH.value, show_progress=_PROGRESS.value)
+        tokens_per_batch=_TOKENS_PER_BATCH.value, show_progress=_PROGRESS.value, engine=_ENGINE.value,
+        threads=_THREADS.value, export_dir=_EXPORT_DIR.value)
     if _STATS.value:
         print(json.dumps(stats), file=sys.stderr)
 

@@ -2,6 +2,7 @@
 
     python -m transformer_jax.benchmarks.decoding [--presets=tiny,base] [--new_tokens=32,128] [--uncached]
     python -m transformer_jax.benchmarks.decoding --file=test.en --workdir=DIR [--num_sentences=1000]
+    ... [--engines=jax,ctranslate2] [--quantizations=float32,int8] [--threads=2]
 
 A randomly initialized preset model decodes ``batch`` random sources of ``src_len`` tokens. EOS is
 banned (``min_len``) and the output buffer is ``new_tokens`` long, so every sequence gets exactly
@@ -15,6 +16,11 @@ of a real file through the translate command's path (``translation.translate_tex
 batches sorted by length) with a trained workdir. The first pass compiles; ``--repeats`` more are
 timed. One JSON line: sentences/s and target tokens/s (SentencePiece tokens of the outputs) of the
 first pass (what a one-off command sees, compilation included) and of the median timed pass.
+
+``--engines=jax,ctranslate2`` adds CTranslate2 (the ``serve`` extra) beside the JAX decoder, one record
+per ``--quantizations`` weight type, on ``--threads`` CPU threads: the same random preset model exported
+(EOS held back by its ``min_decoding_length``, so every sequence gets ``new_tokens`` tokens), or in
+throughput mode the same averaged checkpoint exported. Its first pass includes loading the model.
 
 MFU (cached runs only): XLA counts a while-loop body once, so the FLOPs are the analytic count of
 ``flops.decode_flops`` (every step attends to the whole cache buffer), over the best matmul peak.
@@ -32,7 +38,7 @@ import numpy as np
 from absl import flags
 
 from transformer_jax.benchmarks import presets
-from transformer_jax.evaluation import decode, paper, translation
+from transformer_jax.evaluation import ctranslate2_engine, decode, paper, translation
 from transformer_jax.model import flops
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import PAD_ID
@@ -105,14 +111,59 @@ def bench_decode(name: str, preset: presets.DecodePreset, peak: timing.Peak | No
     return records
 
 
+def _exported_engine(params, cfg: ModelConfig, pieces: list[str], quantization: str, threads: int, folder):
+    """A ``ctranslate2_engine.Engine`` over ``params`` exported as ``quantization`` into ``folder``."""
+    out_dir = os.path.join(folder, quantization)
+    ctranslate2_engine.write_model(params, cfg, out_dir, pieces=pieces, quantization=quantization, record={})
+    return ctranslate2_engine.Engine(out_dir, threads=threads)
+
+
+def bench_ctranslate2(name: str, preset: presets.DecodePreset, *, kind: str, new_tokens: list[int],
+                      beam_size: int, quantizations: list[str], threads: int, repeats: int) -> list[dict]:
+    """``bench_decode``'s records for CTranslate2: the same random model exported, each weight type."""
+    import tempfile
+
+    cfg, params, inputs = model_and_inputs(preset, max(new_tokens))
+    beams = beam_size if kind == "beam" else 1
+    pieces = [f"t{i}" for i in range(cfg.vocab_size)]
+    sources = [[pieces[i] for i in row] for row in inputs]
+    records = []
+    with tempfile.TemporaryDirectory() as folder:
+        for quantization in quantizations:
+            engine = _exported_engine(params, cfg, pieces, quantization, threads, folder)
+            for n in new_tokens:
+                search = lambda n=n, engine=engine: engine.translator.translate_batch(  # noqa: E731
+                    sources, beam_size=beams, max_input_length=0, max_decoding_length=n,
+                    min_decoding_length=n, length_penalty=0.0)
+                times = timing.time_calls(search, repeats)
+                seconds = statistics.median(times)
+                records.append(dict(
+                    preset=name, measured=f"decode_{'greedy' if beams == 1 else f'beam{beams}'}_ctranslate2",
+                    engine="ctranslate2", quantization=quantization, compute_type=engine.compute_type,
+                    threads=threads, batch=preset.batch, src_len=preset.src_len, new_tokens=n,
+                    beam_size=beams, median_s=round(seconds, 5), best_s=round(min(times), 5),
+                    generated_tokens_per_s=round(preset.batch * n / seconds, 1)))
+    return records
+
+
 def run(names: list[str], peak: timing.Peak | None, *, searches=SEARCHES, new_tokens: list[int] | None = None,
         beam_size: int = paper.BEAM_SIZE, uncached: bool = False, repeats: int,
-        uncached_repeats: int = 1) -> list[dict]:
+        uncached_repeats: int = 1, engines=("jax",), quantizations=("float32",),
+        threads: int = 0) -> list[dict]:
     """Benchmarks the named presets (each at its own ``new_tokens`` unless given); prints the records."""
     records = []
     for name in names:
         preset = presets.DECODE_PRESETS[name]
         for kind in searches:
+            if "ctranslate2" in engines:
+                for record in bench_ctranslate2(name, preset, kind=kind,
+                                                new_tokens=new_tokens or [preset.new_tokens],
+                                                beam_size=beam_size, quantizations=list(quantizations),
+                                                threads=threads, repeats=repeats):
+                    print(json.dumps(record), flush=True)
+                    records.append(record)
+            if "jax" not in engines:
+                continue
             for use_cache in (True, False) if uncached else (True,):
                 for record in bench_decode(name, preset, peak, kind=kind,
                                            new_tokens=new_tokens or [preset.new_tokens],
@@ -125,11 +176,15 @@ def run(names: list[str], peak: timing.Peak | None, *, searches=SEARCHES, new_to
 
 def bench_throughput(path: str, workdir: str, *, num_sentences: int | None, beam_size: int | None,
                      average_last: int = 0, tokens_per_batch: int | None = None,
-                     repeats: int) -> dict:
-    """Translates the first ``num_sentences`` lines of ``path`` with ``workdir``; one record.
+                     repeats: int, engines=("jax",), quantizations=("float32",),
+                     threads: int = 0) -> list[dict]:
+    """Translates the first ``num_sentences`` lines of ``path`` with ``workdir``; one record per engine
+    (and per CTranslate2 weight type).
 
     ``beam_size`` None takes the run config's (with its alpha and max_extra_len).
     """
+    import tempfile
+
     from transformer_jax.checkpoints.restore import averaged_params, restore_workdir
 
     lines = translation.read_lines(path)[:num_sentences]
@@ -141,23 +196,51 @@ def bench_throughput(path: str, workdir: str, *, num_sentences: int | None, beam
     settings = translation.Settings(
         beam_size=final.final_beam_size if beam_size is None else beam_size,
         alpha=final.final_alpha, max_extra_len=final.final_max_extra_len)
-    run_once = lambda: translation.translate_texts(  # noqa: E731
-        params, restored.model_config, restored.tokenizer, lines, settings, truncate=True,
-        tokens_per_batch=tokens_per_batch)
+    common = dict(measured="translate_throughput", file=os.path.basename(path), num_sentences=len(lines),
+                  beam_size=settings.beam_size, alpha=settings.alpha,
+                  params=sum(x.size for x in jax.tree.leaves(params)))
+    records = []
+    if "jax" in engines:
+        records.append(_time_translation(
+            lambda: translation.translate_texts(params, restored.model_config, restored.tokenizer, lines,
+                                                settings, truncate=True, tokens_per_batch=tokens_per_batch),
+            restored.tokenizer, repeats,
+            dict(common, engine="jax", tokens_per_batch=tokens_per_batch, jax=jax.__version__,
+                 backend=jax.default_backend())))
+    if "ctranslate2" in engines:
+        pieces = ctranslate2_engine.workdir_pieces(restored.tokenizer)
+        with tempfile.TemporaryDirectory() as folder:
+            for quantization in quantizations:
+                record = dict(common, engine="ctranslate2", quantization=quantization, threads=threads)
+                engine = None
+
+                def translate_once(quantization=quantization, record=record):
+                    nonlocal engine
+                    if engine is None:  # the first pass loads the model
+                        engine = _exported_engine(params, restored.model_config, pieces, quantization,
+                                                  threads, folder)
+                        record["compute_type"] = engine.compute_type
+                    return translation.translate_texts(None, restored.model_config, restored.tokenizer,
+                                                       lines, settings, truncate=True,
+                                                       decode_fn=engine.decode_ids)
+
+                records.append(_time_translation(translate_once, restored.tokenizer, repeats, record))
+    return records
+
+
+def _time_translation(translate_once, tokenizer, repeats: int, record: dict) -> dict:
+    """Times a first pass and ``repeats`` more of ``translate_once``; prints and returns ``record`` with
+    the sentences/s and target tokens/s of the first and the median pass."""
     start = time.perf_counter()
-    outputs = run_once()
+    outputs = translate_once()
     first_s = time.perf_counter() - start
-    times = timing.time_calls(run_once, repeats) if repeats else [first_s]
+    times = timing.time_calls(translate_once, repeats) if repeats else [first_s]
     seconds = statistics.median(times)
-    target_tokens = sum(len(ids) for ids in restored.tokenizer.encode_text(outputs, side="target"))
-    record = dict(measured="translate_throughput", file=os.path.basename(path), num_sentences=len(lines),
-                  beam_size=settings.beam_size, alpha=settings.alpha, tokens_per_batch=tokens_per_batch,
-                  params=sum(x.size for x in jax.tree.leaves(params)), first_s=_sig(first_s),
-                  first_sentences_per_s=round(len(lines) / first_s, 2),
-                  median_s=_sig(seconds), best_s=_sig(min(times)),
-                  sentences_per_s=round(len(lines) / seconds, 2),
-                  target_tokens_per_s=round(target_tokens / seconds, 1), target_tokens=target_tokens,
-                  jax=jax.__version__, backend=jax.default_backend())
+    target_tokens = sum(len(ids) for ids in tokenizer.encode_text(outputs, side="target"))
+    n = record["num_sentences"]
+    record.update(first_s=_sig(first_s), first_sentences_per_s=round(n / first_s, 2), median_s=_sig(seconds),
+                  best_s=_sig(min(times)), sentences_per_s=round(n / seconds, 2),
+                  target_tokens_per_s=round(target_tokens / seconds, 1), target_tokens=target_tokens)
     print(json.dumps(record), flush=True)
     return record
 
@@ -197,6 +280,13 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                          "Throughput mode: the decoding batch budget (translation.plan_batches); "
                          "default: the model's (translation.default_tokens_per_batch).",
                          flag_values=flag_values)
+    flags.DEFINE_list("engines", ["jax"], "Comma-separated decoders, of jax and ctranslate2 (the exported "
+                      "model; needs the serve extra).", flag_values=flag_values)
+    flags.DEFINE_list("quantizations", ["float32"],
+                      f"CTranslate2 weight types to time, of {list(ctranslate2_engine.QUANTIZATIONS)}.",
+                      flag_values=flag_values)
+    flags.DEFINE_integer("threads", 0, "CTranslate2's CPU threads (0: its default, all cores).",
+                         flag_values=flag_values)
     flags.DEFINE_integer("peak_repeats", 20, "Timed runs of the 2048^3 matmul peak; MFU divides by the "
                          "best of them.", flag_values=flag_values)
 
@@ -215,6 +305,11 @@ def _positive_ints(values: list[str] | None, flag: str) -> list[int] | None:
 
 def main(argv: list[str]) -> None:
     values = flags.FLAGS
+    engines = presets.check_names(values.engines, dict.fromkeys(translation.ENGINES), "--engines")
+    quantizations = presets.check_names(values.quantizations, dict.fromkeys(ctranslate2_engine.QUANTIZATIONS),
+                                        "--quantizations")
+    if "ctranslate2" in engines:
+        ctranslate2_engine.import_ctranslate2()
     if values.file or values.workdir:
         if not (values.file and values.workdir):
             raise ConfigError("--file and --workdir go together (a text file and the model to translate it)")
@@ -225,7 +320,8 @@ def main(argv: list[str]) -> None:
         beam_size = None if values["beam_size"].using_default_value else values.beam_size
         bench_throughput(values.file, values.workdir, num_sentences=values.num_sentences,
                          beam_size=beam_size, average_last=values.average_last,
-                         tokens_per_batch=values.tokens_per_batch, repeats=values.repeats)
+                         tokens_per_batch=values.tokens_per_batch, repeats=values.repeats, engines=engines,
+                         quantizations=quantizations, threads=values.threads)
         return
     names = presets.check_names(values.presets, presets.DECODE_PRESETS, "--presets")
     searches = presets.check_names(values.searches, dict.fromkeys(SEARCHES), "--searches")
@@ -233,7 +329,8 @@ def main(argv: list[str]) -> None:
     peak = timing.matmul_peak(values.peak_repeats)
     print(json.dumps(peak.record()), flush=True)
     run(names, peak, searches=searches, new_tokens=new_tokens, beam_size=values.beam_size,
-        uncached=values.uncached, repeats=values.repeats, uncached_repeats=values.uncached_repeats)
+        uncached=values.uncached, repeats=values.repeats, uncached_repeats=values.uncached_repeats,
+        engines=engines, quantizations=quantizations, threads=values.threads)
 
 
 if __name__ == "__main__":

@@ -77,10 +77,13 @@ def check_arguments(workdir: str, *, step: int | None, average_last: int, split:
 
 
 def output_stem(output_dir: str, *, split: str, step: int, source_file: str | None,
-                average_last: int) -> str:
-    """``<output_dir>/<name>-<step>[-avg<N>]``: name is the split, or the source file's base name."""
+                average_last: int, engine: str = "jax") -> str:
+    """``<output_dir>/<name>-<step>[-avg<N>][-<engine>]``: name is the split, or the source file's base
+    name; the engine is named unless it is the JAX reference."""
     name = os.path.basename(source_file) if source_file else split
     suffix = f"-avg{average_last}" if average_last > 1 else ""
+    if engine != "jax":
+        suffix += f"-{engine}"
     return os.path.join(output_dir, f"{name}-{step}{suffix}")
 
 

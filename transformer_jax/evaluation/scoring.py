@@ -8,8 +8,10 @@ metrics, the final report) and by ``evaluate.py`` (``evaluate_workdir``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 import time
 from typing import Any
 
@@ -18,7 +20,15 @@ import numpy as np
 from transformer_jax import data as data_lib
 from transformer_jax.checkpoints.restore import averaged_params, restore_workdir, steps_to_average
 from transformer_jax.data.sources import read_parallel_numbered
-from transformer_jax.evaluation import bleu, evaluate_args, paper, paper_tables, parsing, translation
+from transformer_jax.evaluation import (
+    bleu,
+    ctranslate2_engine,
+    evaluate_args,
+    paper,
+    paper_tables,
+    parsing,
+    translation,
+)
 from transformer_jax.model import loss
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import PAD_ID
@@ -50,16 +60,21 @@ def _in_split_order(batches, per_batch_items) -> list:
 
 def translate(params, model_config: ModelConfig, tokenizer, batches, *,
               beam_size: int = paper.BEAM_SIZE, alpha: float = paper.LENGTH_PENALTY_ALPHA,
-              max_extra_len: int = paper.MAX_EXTRA_LEN) -> list[str]:
+              max_extra_len: int = paper.MAX_EXTRA_LEN, decode_fn=None) -> list[str]:
     """Detokenized translations of every real row of ``batches``, in the split's line order.
 
     ``beam_size=1`` is greedy search; otherwise beam search with the GNMT length penalty ``alpha``.
     Outputs are at most (input length + ``max_extra_len``) tokens long. The sources are re-batched by
-    the decoding token budget (``translation.decode_ids``, the path of the translate command).
+    the decoding token budget (``translation.decode_ids``, the path of the translate command), or
+    decoded by ``decode_fn(ids, settings)`` (another engine's ``decode_ids``).
     """
     ids = [row[row != PAD_ID] for b in batches for row in np.asarray(b.inputs)[: b.num_real]]
     settings = translation.Settings(beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len)
-    texts = tokenizer.decode_batch(translation.decode_ids(params, model_config, ids, settings))
+    if decode_fn is None:
+        outputs = translation.decode_ids(params, model_config, ids, settings)
+    else:
+        outputs = decode_fn(ids, settings)
+    texts = tokenizer.decode_batch(outputs)
     per_batch, start = [], 0
     for b in batches:
         per_batch.append(texts[start:start + b.num_real])
@@ -81,7 +96,7 @@ BLEU_KEYS = {"sacrebleu": "sacrebleu", "tokenized": "tokenized_bleu", "multi30k"
 def translate_and_score(params, model_config: ModelConfig, tokenizer, batches, *,
                         beam_size: int = paper.BEAM_SIZE, alpha: float = paper.LENGTH_PENALTY_ALPHA,
                         max_extra_len: int = paper.MAX_EXTRA_LEN,
-                        target_lang: str = "de") -> dict[str, Any]:
+                        target_lang: str = "de", decode_fn=None) -> dict[str, Any]:
     """Translations scored under every protocol of ``bleu.PROTOCOLS``, against the raw references.
 
     Returns:
@@ -92,7 +107,7 @@ def translate_and_score(params, model_config: ModelConfig, tokenizer, batches, *
     """
     start = time.perf_counter()
     hypotheses = translate(params, model_config, tokenizer, batches, beam_size=beam_size,
-                           alpha=alpha, max_extra_len=max_extra_len)
+                           alpha=alpha, max_extra_len=max_extra_len, decode_fn=decode_fn)
     decode_seconds = time.perf_counter() - start
     references, sources = references_and_sources(batches)
     scores = bleu.score_all(hypotheses, references, target_lang)
@@ -125,7 +140,8 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
                      reference_file: str | None = None, beam_size: int | None = None,
                      alpha: float | None = None,
                      max_extra_len: int | None = None, output_dir: str | None = None,
-                     overwrite: bool = False) -> dict[str, Any]:
+                     overwrite: bool = False, engine: str = "jax", threads: int | None = None,
+                     quantization: str | None = None) -> dict[str, Any]:
     """Restores a training workdir and scores it: PPL, sacreBLEU, tokenized BLEU, paper table.
 
     A parsing run (``data.is_parsing``) is scored by ``parsing.evaluate_restored`` instead:
@@ -149,8 +165,13 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
         config's ``final_beam_size``, ``final_alpha``, ``final_max_extra_len`` (input + 300 for parsing).
       output_dir: where the outputs go; None for ``<workdir>/eval``.
       overwrite: replace an existing result of the same checkpoint and inputs (else UserError).
+      engine: "jax" (the reference) or "ctranslate2": the averaged parameters are exported to a
+        temporary CTranslate2 model of weight type ``quantization`` (None: the export's default) and
+        decoded with it on ``threads`` CPU threads; perplexity stays JAX's. Outputs are named
+        ``...-ctranslate2``.
     """
     out_dir = output_dir or evaluate_args.default_output_dir(workdir)
+    _check_engine(engine, threads, quantization)
     evaluate_args.check_arguments(
         workdir, step=step, average_last=average_last, split=split, source_file=source_file,
         reference_file=reference_file, beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len,
@@ -163,8 +184,11 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
     from_config = average_last is None
     average_last = run.eval.final_average_last if from_config else average_last
     max_length = _decodable_length(model_config, run.data, max_extra_len)
+    if engine != "jax" and data_lib.is_parsing(run.data):
+        raise ConfigError(f"--engine={engine}: a parsing run decodes with the tree constraint, which only "
+                          "the JAX engine has; leave --engine out")
     stem = evaluate_args.output_stem(out_dir, split=split, step=restored.step, source_file=source_file,
-                                     average_last=average_last)
+                                     average_last=average_last, engine=engine)
     txt_path, json_path = evaluate_args.claim_outputs(stem, overwrite=overwrite)
     averaged_steps = (steps_to_average(restored, average_last, from_config=from_config)
                       if average_last > 1 else [restored.step])
@@ -178,9 +202,20 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
             restored, params, batches, ppl, split=split, average_last=average_last,
             averaged_steps=averaged_steps, source_file=source_file, beam_size=beam_size, alpha=alpha,
             max_extra_len=max_extra_len, outputs=(txt_path, json_path))
-    scores = translate_and_score(params, model_config, tokenizer, batches, beam_size=beam_size,
-                                 alpha=alpha, max_extra_len=max_extra_len,
-                                 target_lang=run.data.tgt_lang)
+    with contextlib.ExitStack() as stack:
+        decode_fn, engine_info = None, {}
+        if engine == "ctranslate2":
+            export_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="ctranslate2-"))
+            quantization = quantization or ctranslate2_engine.default_quantization(model_config.d_model)
+            ctranslate2_engine.write_model(params, model_config, export_dir, quantization=quantization,
+                                           pieces=ctranslate2_engine.workdir_pieces(tokenizer), record={})
+            translator = ctranslate2_engine.Engine(export_dir, threads=threads or 0)
+            decode_fn = translator.decode_ids
+            engine_info = {"quantization": quantization, "compute_type": translator.compute_type,
+                           "threads": threads}
+        scores = translate_and_score(params, model_config, tokenizer, batches, beam_size=beam_size,
+                                     alpha=alpha, max_extra_len=max_extra_len,
+                                     target_lang=run.data.tgt_lang, decode_fn=decode_fn)
     results = {
         "config": run.name, "split": split, "step": restored.step, "average_last": average_last,
         "averaged_steps": averaged_steps,
@@ -190,7 +225,7 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
         "tokenized_bleu": scores["tokenized_bleu"], "multi30k_bleu": scores["multi30k_bleu"],
         "decode_seconds": round(scores["decode_seconds"], 2),
         "sentences_per_second": round(len(scores["hypotheses"]) / scores["decode_seconds"], 2),
-        "source_file": source_file, "reference_file": reference_file,
+        "source_file": source_file, "reference_file": reference_file, "engine": engine, **engine_info,
     }
     with open(txt_path, "w") as f:
         f.writelines(h + "\n" for h in scores["hypotheses"])
@@ -200,6 +235,23 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
     results["table"] = paper_tables.paper_comparison_table(run.name, table_split, results)
     results["outputs"] = (txt_path, json_path)
     return results
+
+
+def _check_engine(engine: str, threads: int | None, quantization: str | None) -> None:
+    """ConfigError for an unknown engine, or CTranslate2's flags (or a missing install) without it."""
+    if engine not in translation.ENGINES:
+        raise ConfigError(f"--engine={engine}: expected one of {', '.join(translation.ENGINES)}")
+    if engine == "jax":
+        for flag, value in (("threads", threads), ("quantization", quantization)):
+            if value is not None:
+                raise ConfigError(f"--{flag} applies to --engine=ctranslate2")
+        return
+    ctranslate2_engine.import_ctranslate2()
+    if threads is not None and threads < 0:
+        raise ConfigError(f"--threads={threads}: expected >= 0 (0: CTranslate2's default)")
+    if quantization is not None and quantization not in ctranslate2_engine.QUANTIZATIONS:
+        raise ConfigError(f"--quantization={quantization}: expected one of "
+                          f"{', '.join(ctranslate2_engine.QUANTIZATIONS)}")
 
 
 def _decodable_length(model_config: ModelConfig, data_config, max_extra_len: int) -> int:

@@ -33,7 +33,7 @@ from transformer_jax.checkpoints.restore import averaged_params, restore_workdir
 from transformer_jax.data.eval_batches import extended_buckets
 from transformer_jax.data.sources import normalize_whitespace
 from transformer_jax.data.treebank import is_parsing
-from transformer_jax.evaluation import decode, paper
+from transformer_jax.evaluation import ctranslate2_engine, decode, paper
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import EOS_ID, PAD_ID
 from transformer_jax.runtime.errors import ConfigError, DataError, MissingFileError
@@ -214,11 +214,13 @@ def translate_texts(params: Any, model_config: ModelConfig, tokenizer, texts: Se
                     settings: Settings, *, truncate: bool = False,
                     tokens_per_batch: int | None = None,
                     locations: Sequence[str] | None = None,
-                    progress: Callable[[int], None] | None = None) -> list[str]:
+                    progress: Callable[[int], None] | None = None,
+                    decode_fn: Callable[..., list[np.ndarray]] | None = None) -> list[str]:
     """Detokenized translations of ``texts``, in their order; an empty (or blank) text gives "".
 
     A text too long for the model raises DataError naming it (see :func:`source_ids`) unless
-    ``truncate``.
+    ``truncate``. ``decode_fn(ids, settings, progress=...)`` replaces :func:`decode_ids` (then
+    ``params`` is unused), e.g. ``ctranslate2_engine.Engine.decode_ids``.
     """
     keep = [i for i, t in enumerate(texts) if normalize_whitespace(t)]
     max_length = model_config.max_len - settings.max_extra_len
@@ -227,8 +229,11 @@ def translate_texts(params: Any, model_config: ModelConfig, tokenizer, texts: Se
                         f"model's max_len={model_config.max_len}; pass a smaller --max_extra_len")
     ids = source_ids(tokenizer, [texts[i] for i in keep], max_length=max_length, truncate=truncate,
                      locations=[locations[i] if locations else f"line {i + 1}" for i in keep])
-    outputs = decode_ids(params, model_config, ids, settings, tokens_per_batch=tokens_per_batch,
-                         progress=progress)
+    if decode_fn is None:
+        outputs = decode_ids(params, model_config, ids, settings, tokens_per_batch=tokens_per_batch,
+                             progress=progress)
+    else:
+        outputs = decode_fn(ids, settings, progress=progress)
     translations = [""] * len(texts)
     for i, text in zip(keep, tokenizer.decode_batch(outputs), strict=True):
         translations[i] = text
@@ -281,12 +286,16 @@ def _check_at_least(flag: str, value, minimum, what: str) -> None:
         raise ConfigError(f"--{flag}={value}: expected >= {minimum} ({what})")
 
 
+ENGINES = ("jax", "ctranslate2")
+
+
 def translate_workdir(workdir: str, *, input_path: str | None = None, output_path: str | None = None,
                       step: int | None = None, average_last: int | None = None,
                       beam_size: int | None = None,
                       alpha: float | None = None, max_extra_len: int | None = None,
                       truncate: bool = False, tokens_per_batch: int | None = None,
-                      show_progress: bool | None = None) -> dict[str, Any]:
+                      show_progress: bool | None = None, engine: str = "jax", threads: int | None = None,
+                      export_dir: str | None = None) -> dict[str, Any]:
     """Translates the lines of ``input_path`` (or stdin) with a ``train.py`` workdir, into ``output_path``.
 
     Writes one translation a line, in the input order, to ``output_path`` or stdout.
@@ -295,6 +304,10 @@ def translate_workdir(workdir: str, *, input_path: str | None = None, output_pat
     ``final_alpha`` and ``final_max_extra_len``. Every flag, the output path and the input are checked
     before the model is restored; ``output_path`` is replaced whole at the end, or not at all. The
     progress bar (stderr) shows by default when the input is a file or redirected.
+
+    ``engine="ctranslate2"`` decodes with the export in ``export_dir`` (default
+    ``<workdir>/export/ctranslate2``, made first when missing) on ``threads`` CPU threads
+    (``ctranslate2_engine``); the JAX engine is the reference.
 
     Returns:
       ``num_sentences``, ``decode_seconds`` (search and detokenization, compilation included),
@@ -306,51 +319,125 @@ def translate_workdir(workdir: str, *, input_path: str | None = None, output_pat
             ("beam_size", beam_size, 1, "1 is greedy search"),
             ("alpha", alpha, 0, "the GNMT length penalty; 0 turns it off"),
             ("max_extra_len", max_extra_len, 0, "outputs may be input length + this long"),
-            ("tokens_per_batch", tokens_per_batch, 1, "decoder rows x cache positions per batch")):
+            ("tokens_per_batch", tokens_per_batch, 1, "decoder rows x cache positions per batch"),
+            ("threads", threads, 0, "CPU threads of CTranslate2; 0: its default")):
         _check_at_least(flag, value, minimum, what)
+    if engine not in ENGINES:
+        raise ConfigError(f"--engine={engine}: expected one of {', '.join(ENGINES)}")
+    if engine == "jax":
+        for flag, value in (("threads", threads), ("export_dir", export_dir)):
+            if value is not None:
+                raise ConfigError(f"--{flag} applies to --engine=ctranslate2; the JAX engine uses every "
+                                  "core and the workdir's checkpoints")
+    else:
+        if tokens_per_batch is not None:
+            raise ConfigError("--tokens_per_batch applies to the JAX engine; CTranslate2 plans its own "
+                              "batches")
+        ctranslate2_engine.import_ctranslate2()  # the install hint before anything is read
     if not os.path.isdir(workdir):
         raise MissingFileError(f"--workdir={workdir}: no such directory; pass the --workdir of a "
                                "train.py run")
     # The output path is checked (and its temporary file made) before anything is read or decoded.
     with OutputFile(output_path) if output_path is not None else contextlib.nullcontext() as output:
-        return _translate_lines(workdir, read_lines(input_path), output, input_path=input_path,
-                                step=step, average_last=average_last, beam_size=beam_size, alpha=alpha,
-                                max_extra_len=max_extra_len, truncate=truncate,
-                                tokens_per_batch=tokens_per_batch, show_progress=show_progress)
+        lines = read_lines(input_path)
+        if engine == "jax":
+            model = _jax_model(workdir, step, average_last, tokens_per_batch)
+        else:
+            model = _exported_model(workdir, export_dir, step, average_last, threads)
+        return _translate_lines(model, lines, output, input_path=input_path, beam_size=beam_size,
+                                alpha=alpha, max_extra_len=max_extra_len, truncate=truncate,
+                                show_progress=show_progress)
 
 
-def _translate_lines(workdir: str, lines: list[str], output: OutputFile | None, *, input_path, step,
-                     average_last, beam_size, alpha, max_extra_len, truncate, tokens_per_batch,
-                     show_progress) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class _Model:
+    """What translating needs from a model, whichever engine decodes: see ``translate_texts``."""
+
+    params: Any
+    model_config: ModelConfig
+    tokenizer: Any
+    defaults: Settings
+    step: int
+    average_last: int
+    engine: str
+    tokens_per_batch: int | None = None  # the JAX engine's batch budget
+    decode_fn: Callable[..., list[np.ndarray]] | None = None  # another engine's decode_ids
+
+
+def _jax_model(workdir: str, step, average_last, tokens_per_batch) -> _Model:
     restored = restore_workdir(workdir, step)
     if is_parsing(restored.run.data):
         raise ConfigError(f"--workdir={workdir} is a parsing run; translate decodes translation runs. "
                           f"Parse with: python evaluate.py --workdir={workdir} (trees over the input words)")
     final = restored.run.eval
-    settings = Settings(
-        beam_size=final.final_beam_size if beam_size is None else beam_size,
-        alpha=final.final_alpha if alpha is None else alpha,
-        max_extra_len=final.final_max_extra_len if max_extra_len is None else max_extra_len)
     if average_last is None:
         average_last = final.final_average_last
     params = averaged_params(restored, average_last) if average_last > 1 else restored.params
+    defaults = Settings(final.final_beam_size, final.final_alpha, final.final_max_extra_len)
+    return _Model(params, restored.model_config, restored.tokenizer, defaults, restored.step, average_last,
+                  "jax", tokens_per_batch=tokens_per_batch)
+
+
+def _exported_model(workdir: str, export_dir, step, average_last, threads) -> _Model:
+    from transformer_jax.data.text_form import TextForm
+    from transformer_jax.data.tokenizer import Tokenizer
+
+    export_dir = export_dir or ctranslate2_engine.default_export_dir(workdir)
+    if not os.path.isfile(os.path.join(export_dir, ctranslate2_engine.RECORD_FILE)):
+        print(f"exporting the model to {export_dir} first (once; python -m transformer_jax.export)",
+              file=sys.stderr)
+        ctranslate2_engine.export_workdir(workdir, out_dir=export_dir, step=step, average_last=average_last)
+    record = ctranslate2_engine.read_record(export_dir)
+    for flag, value in (("step", step), ("average_last", average_last)):
+        if value is not None and value != record[flag]:
+            raise ConfigError(
+                f"--{flag}={value}, but {export_dir} holds {flag} {record[flag]}; export that model first: "
+                f"python -m transformer_jax.export --workdir={workdir} --{flag}={value}")
+    latest = _latest_checkpoint_step(workdir)
+    if step is None and latest is not None and latest > record["step"]:
+        print(f"note: {export_dir} is step {record['step']}; the workdir has step {latest} (export again "
+              f"to use it: python -m transformer_jax.export --workdir={workdir})", file=sys.stderr)
+    engine = ctranslate2_engine.Engine(export_dir, threads=threads or 0)
+    tokenizer = Tokenizer.from_file(os.path.join(export_dir, ctranslate2_engine.TOKENIZER_FILE),
+                                    text_form=TextForm(**record["text_form"]))
+    decoding = record["decoding"]
+    defaults = Settings(decoding["beam_size"], decoding["alpha"], decoding["max_extra_len"])
+    return _Model(None, ModelConfig(**record["model"]), tokenizer, defaults, record["step"],
+                  record["average_last"], "ctranslate2", decode_fn=engine.decode_ids)
+
+
+def _latest_checkpoint_step(workdir: str) -> int | None:
+    """The newest step folder in the workdir's checkpoints (by name; nothing is read), or None."""
+    try:
+        names = os.listdir(os.path.join(workdir, "checkpoints"))
+    except OSError:
+        return None
+    return max((int(n) for n in names if n.isdigit()), default=None)
+
+
+def _translate_lines(model: _Model, lines: list[str], output: OutputFile | None, *, input_path, beam_size,
+                     alpha, max_extra_len, truncate, show_progress) -> dict[str, Any]:
+    settings = Settings(
+        beam_size=model.defaults.beam_size if beam_size is None else beam_size,
+        alpha=model.defaults.alpha if alpha is None else alpha,
+        max_extra_len=model.defaults.max_extra_len if max_extra_len is None else max_extra_len)
     name = input_path or "<stdin>"
     if show_progress is None:
         show_progress = input_path is not None or not sys.stdin.isatty()
     start = time.perf_counter()
     with progress_bar(len(lines), show_progress) as bar:
         translations = translate_texts(
-            params, restored.model_config, restored.tokenizer, lines, settings, truncate=truncate,
-            tokens_per_batch=tokens_per_batch, locations=[f"{name}:{i + 1}" for i in range(len(lines))],
-            progress=bar.update)
+            model.params, model.model_config, model.tokenizer, lines, settings, truncate=truncate,
+            tokens_per_batch=model.tokens_per_batch, locations=[f"{name}:{i + 1}" for i in range(len(lines))],
+            progress=bar.update, decode_fn=model.decode_fn)
     seconds = time.perf_counter() - start
     text = "".join(t + "\n" for t in translations)
     if output is None:
         write_stdout(text)
     else:
         output.write(text)
-    target_tokens = sum(len(ids) for ids in restored.tokenizer.encode_text(translations, side="target"))
+    target_tokens = sum(len(ids) for ids in model.tokenizer.encode_text(translations, side="target"))
     return {"num_sentences": len(lines), "decode_seconds": seconds,
             "sentences_per_second": len(lines) / seconds, "target_tokens_per_second": target_tokens / seconds,
-            "beam_size": settings.beam_size, "alpha": settings.alpha, "step": restored.step,
-            "average_last": average_last}
+            "beam_size": settings.beam_size, "alpha": settings.alpha, "step": model.step,
+            "average_last": model.average_last, "engine": model.engine}

@@ -1,0 +1,311 @@
+"""CTranslate2 as a witness of the model: an independent C++ decoder fed our exported weights must give the
+JAX decoder's greedy outputs token for token, and the same per-token log probabilities.
+
+Tiny models (post-norm, pre-norm, learned positions) are trained here for a few seconds on reversing a
+word sequence, so that their outputs are confident and long; one untrained model with large random
+weights rarely emits EOS and checks the length limits. A wrong export (one transposed kernel) must fail
+the same comparison. The export and translate commands run end to end on a tiny workdir.
+"""
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import optax
+import pytest
+from tiny import config_with, untrained_workdir
+
+from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.evaluation import ctranslate2_engine, translation
+from transformer_jax.model import transformer as model_lib
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.special_ids import EOS_ID, PAD_ID
+from transformer_jax.runtime.errors import ConfigError
+
+try:
+    import ctranslate2  # noqa: F401
+except ImportError:
+    if os.environ.get("CI"):
+        raise  # CI installs the test extra, which includes ctranslate2
+    pytest.skip(f"CTranslate2 tests skipped: ctranslate2 is not installed; {ctranslate2_engine.INSTALL_HINT}",
+                allow_module_level=True)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCORE_TOLERANCE = 1e-4  # per-token log probability, float32 in both engines
+NUM_WORDS, MAX_WORDS = 40, 11
+
+
+@pytest.fixture(scope="module")
+def pieces():
+    """The 44 pieces of a word-level SentencePiece model over the words w0..w39 (specials included)."""
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(NUM_WORDS)]
+    sentences = [" ".join(rng.choice(words, rng.integers(3, 12))) for _ in range(2000)]
+    model = tokenizer_lib.train_tokenizer(sentences, vocab_size=44, vocab_type="word")
+    return ctranslate2_engine.workdir_pieces(tokenizer_lib.Tokenizer(model))
+
+
+def _model_config(vocab_size: int, **overrides) -> ModelConfig:
+    return ModelConfig(vocab_size=vocab_size, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=2,
+                       num_decoder_layers=2, max_len=64, dropout_rate=0.0, **overrides)
+
+
+def _reversal_batch(rng, n: int, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """int32[n, MAX_WORDS + 1] sources and targets: random word ids + EOS, and the same words reversed."""
+    sources = np.full((n, MAX_WORDS + 1), PAD_ID, np.int32)
+    targets = np.full_like(sources, PAD_ID)
+    for row, length in enumerate(rng.integers(2, MAX_WORDS + 1, n)):
+        words = rng.integers(4, vocab_size, length)
+        sources[row, :length + 1] = [*words, EOS_ID]
+        targets[row, :length + 1] = [*words[::-1], EOS_ID]
+    return sources, targets
+
+
+def _train(cfg: ModelConfig, steps: int = 300):
+    """Parameters of ``cfg`` after ``steps`` Adam steps on word reversal (loss about 0.3-0.8)."""
+    model = model_lib.Transformer(cfg.replace(deterministic=True))
+    params = model_lib.init_params(cfg, rng=jax.random.key(1))
+    optimizer = optax.adam(3e-3)
+
+    @jax.jit
+    def step(params, opt_state, sources, targets):
+        def loss_fn(p):
+            logits = model.apply({"params": p}, sources, targets)
+            losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+            weights = targets != PAD_ID
+            return (losses * weights).sum() / weights.sum()
+
+        grads = jax.grad(loss_fn)(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    rng, opt_state = np.random.default_rng(2), optimizer.init(params)
+    for _ in range(steps):
+        params, opt_state = step(params, opt_state, *_reversal_batch(rng, 32, cfg.vocab_size))
+    return jax.tree.map(np.asarray, params)
+
+
+def _large_random_params(cfg: ModelConfig):
+    """Untrained parameters drawn wide (kernels N(0, 1 / fan_in), embedding N(0, 1), LayerNorm scales and
+    offsets away from 1 and 0), so that outputs are long and often reach their length limit."""
+    shapes = jax.eval_shape(lambda key: model_lib.init_params(cfg, rng=key), jax.random.key(0))
+    rng = np.random.default_rng(5)
+
+    def draw(path, leaf):
+        noise = rng.standard_normal(leaf.shape)
+        if leaf.ndim > 1 and path[-1].key != "embedding":
+            noise /= math.sqrt(math.prod(leaf.shape[:-1]))
+        elif path[-1].key == "scale":
+            noise = 1.0 + 0.5 * noise
+        else:
+            noise = 0.5 * noise
+        return noise.astype(np.float32)
+
+    return jax.tree_util.tree_map_with_path(draw, shapes)
+
+
+def _teacher_forced_log_probs(params, cfg: ModelConfig, source: np.ndarray, output: np.ndarray) -> np.ndarray:
+    """float[n]: our model's log P of each token of ``output`` (up to and including EOS, no PAD)."""
+    output = output[output != PAD_ID]
+    logits = model_lib.Transformer(cfg.replace(deterministic=True)).apply(
+        {"params": params}, source[None], output[None])
+    return np.asarray(jax.nn.log_softmax(logits[0], axis=-1))[np.arange(len(output)), output]
+
+
+def _witness(params, cfg: ModelConfig, pieces: list[str], out_dir: str, *, max_extra_len: int,
+             sentences: int = 64) -> tuple[int, float, list[np.ndarray]]:
+    """Exports ``params`` and decodes the same sources greedily with both engines.
+
+    Returns:
+      (sentences whose outputs differ, the largest per-token log-probability difference on our outputs,
+      our outputs).
+    """
+    ctranslate2_engine.write_model(params, cfg, out_dir, pieces=pieces, quantization="float32", record={})
+    engine = ctranslate2_engine.Engine(out_dir, threads=1)
+    sources, _ = _reversal_batch(np.random.default_rng(9), sentences, cfg.vocab_size)
+    ids = [row[:list(row).index(EOS_ID) + 1] for row in sources]
+    settings = translation.Settings(beam_size=1, max_extra_len=max_extra_len)
+    ours = translation.decode_ids(params, cfg, ids, settings)
+    theirs = engine.decode_ids(ids, settings)
+    differing = sum(not np.array_equal(a, b) for a, b in zip(ours, theirs, strict=True))
+    largest = 0.0
+    for source, output, their_log_probs in zip(ids, ours, engine.score(ids, ours), strict=True):
+        our_log_probs = _teacher_forced_log_probs(params, cfg, source, output)
+        # CTranslate2 scores EOS after an output that reached its limit without one: compare the tokens.
+        largest = max(largest, float(np.abs(our_log_probs - their_log_probs[:len(our_log_probs)]).max()))
+    return differing, largest, ours
+
+
+@pytest.mark.parametrize("overrides", [{}, {"norm_style": "pre"}, {"position_encoding": "learned"}],
+                         ids=["post_norm", "pre_norm", "learned_positions"])
+def test_trained_model_greedy_outputs_and_scores_equal_ours(overrides, pieces, tmp_path):
+    cfg = _model_config(len(pieces), **overrides)
+    differing, largest, _ = _witness(_train(cfg), cfg, pieces, str(tmp_path / "model"),
+                                     max_extra_len=5)
+    assert differing == 0
+    assert largest <= SCORE_TOLERANCE
+
+
+def test_outputs_that_reach_their_length_limit_are_equal(pieces, tmp_path):
+    """Wide random weights: outputs run to ``source length + max_extra_len`` without EOS, cut per
+    sentence as ours are, although CTranslate2 takes one length limit per call."""
+    cfg = _model_config(len(pieces), d_k=16, d_v=16)
+    differing, largest, outputs = _witness(_large_random_params(cfg), cfg, pieces,
+                                           str(tmp_path / "model"), max_extra_len=3)
+    assert differing == 0
+    assert largest <= SCORE_TOLERANCE
+    assert sum(EOS_ID not in out for out in outputs) >= 16  # the limits were reached often
+
+
+def test_a_transposed_kernel_fails_the_witness(pieces, tmp_path, monkeypatch):
+    """The same comparison on an export whose encoder-decoder query kernel of one layer is transposed
+    (square: [d_model, h * d_k] with h * d_k = d_model) must find different outputs and scores."""
+    cfg = _model_config(len(pieces))
+    set_cross_attention = ctranslate2_engine._set_cross_attention
+
+    def transposed_query(spec, attention, norm):
+        set_cross_attention(spec, attention, norm)
+        spec.linear[0].weight = np.ascontiguousarray(spec.linear[0].weight.T)
+
+    monkeypatch.setattr(ctranslate2_engine, "_set_cross_attention", transposed_query)
+    differing, largest, _ = _witness(_train(cfg), cfg, pieces, str(tmp_path / "model"),
+                                     max_extra_len=5)
+    assert differing > 0
+    assert largest > 100 * SCORE_TOLERANCE
+
+
+def test_d_k_other_than_d_v_is_refused_before_writing(pieces, tmp_path):
+    cfg = _model_config(len(pieces), d_k=8, d_v=16)
+    params = jax.tree.map(np.zeros_like, jax.eval_shape(lambda k: model_lib.init_params(cfg, rng=k),
+                                                        jax.random.key(0)))
+    with pytest.raises(ConfigError, match="d_k=8 and d_v=16"):
+        ctranslate2_engine.write_model(params, cfg, str(tmp_path / "model"), quantization="float32",
+                                       pieces=pieces, record={})
+    assert not os.listdir(tmp_path)
+
+
+def test_a_model_field_the_export_does_not_know_is_refused(pieces):
+    @dataclasses.dataclass(frozen=True)
+    class NewModelConfig(ModelConfig):
+        rotary_positions: bool = True
+
+    with pytest.raises(ConfigError, match="does not know the model field rotary_positions=True"):
+        ctranslate2_engine.check_exportable(NewModelConfig(vocab_size=len(pieces), d_model=32, num_heads=4))
+
+
+def test_missing_ctranslate2_is_one_line_saying_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import fails as if not installed
+    with pytest.raises(ConfigError, match=r'pip install -e "\.\[serve\]"'):
+        ctranslate2_engine.import_ctranslate2()
+
+
+def test_matched_length_penalty():
+    """d log lp / d log |Y| of GNMT's ((5 + |Y|) / 6)^alpha at the median length; 0 for alpha 0."""
+    assert ctranslate2_engine.matched_length_penalty(0.6, [3, 15, 40]) == pytest.approx(0.6 * 15 / 20)
+    assert ctranslate2_engine.matched_length_penalty(0.0, [3, 15, 40]) == 0.0
+    lengths = np.array([10.0, 15.0, 20.0])
+    gnmt = np.log(((5 + lengths) / 6) ** 1.0)
+    slope = (gnmt[2] - gnmt[0]) / (np.log(20) - np.log(10))
+    assert ctranslate2_engine.matched_length_penalty(1.0, [15]) == pytest.approx(slope, rel=0.05)
+
+
+# --------------------------------------------------------------------------------------------------
+# The commands, end to end on a tiny workdir.
+
+TINY = {"data.synthetic_train_size": 300, "data.synthetic_dev_size": 7, "data.synthetic_test_size": 5,
+        "data.vocab_size": 120, "model.d_model": 16, "model.d_ff": 32, "model.num_heads": 2,
+        "model.num_encoder_layers": 1, "model.num_decoder_layers": 1, "final_average_last": 2}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A tiny train.py workdir with checkpoints 1 and 2 (untrained; the final report averages both)."""
+    workdir = str(tmp_path_factory.mktemp("workdir"))
+    untrained_workdir(config_with(TINY), workdir, steps=(1, 2))
+    return workdir
+
+
+def _command(module_args, stdin=""):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    return subprocess.run([sys.executable, "-m", *module_args], input=stdin, capture_output=True, text=True,
+                          cwd=REPO, env=env, timeout=300)
+
+
+def test_export_and_translate_commands(workdir, tmp_path):
+    sentences = "the red house\n\nmy dog sleeps in the garden\n"
+    jax_run = _command(["transformer_jax.translate", f"--workdir={workdir}", "--beam_size=1"], sentences)
+    assert jax_run.returncode == 0, jax_run.stderr
+
+    export = _command(["transformer_jax.export", f"--workdir={workdir}"])
+    assert export.returncode == 0, export.stderr
+    out_dir = ctranslate2_engine.default_export_dir(workdir)
+    assert f"exported the mean of steps 1, 2 as float32 to {out_dir}" in export.stdout
+    record = ctranslate2_engine.read_record(out_dir)
+    assert (record["step"], record["averaged_steps"], record["quantization"]) == (2, [1, 2], "float32")
+    assert len(record["config_sha256"]) == 64
+    with open(os.path.join(workdir, "tokenizer", "spm.model"), "rb") as ours, \
+            open(os.path.join(out_dir, ctranslate2_engine.TOKENIZER_FILE), "rb") as copied:
+        assert ours.read() == copied.read()
+
+    ct2_run = _command(["transformer_jax.translate", f"--workdir={workdir}", "--beam_size=1",
+                        "--engine=ctranslate2", "--threads=1"], sentences)
+    assert ct2_run.returncode == 0, ct2_run.stderr
+    assert ct2_run.stdout == jax_run.stdout
+    assert any(ct2_run.stdout.splitlines())  # not only empty outputs
+    assert ct2_run.stdout.splitlines()[1] == ""  # the empty line stays empty
+
+    # A step the export does not hold is refused with the command that exports it.
+    refused = _command(["transformer_jax.translate", f"--workdir={workdir}", "--engine=ctranslate2",
+                        "--step=1"], sentences)
+    assert refused.returncode == 1
+    assert refused.stderr.startswith(f"error: --step=1, but {out_dir} holds step 2;")
+    assert "python -m transformer_jax.export" in refused.stderr
+
+
+def test_export_refuses_an_unknown_quantization_and_a_foreign_folder(workdir, tmp_path):
+    bad = _command(["transformer_jax.export", f"--workdir={workdir}", "--quantization=int4"])
+    assert bad.returncode == 1 and "int4" in bad.stderr.splitlines()[0]
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "keep.txt").write_text("mine")
+    refused = _command(["transformer_jax.export", f"--workdir={workdir}", f"--out={foreign}"])
+    assert refused.returncode == 1
+    assert refused.stderr.splitlines()[0] == (f"error: --out={foreign} exists and is not an export; choose "
+                                              "a new or empty folder")
+    assert os.listdir(foreign) == ["keep.txt"]
+
+
+def test_evaluate_with_ctranslate2_names_its_outputs_and_matches_jax_greedy(workdir, tmp_path):
+    outputs = {}
+    for engine in ("jax", "ctranslate2"):
+        run = _command(["evaluate", f"--workdir={workdir}", "--split=dev", "--beam_size=1",
+                        f"--output_dir={tmp_path}", f"--engine={engine}"])
+        assert run.returncode == 0, run.stderr
+    with open(tmp_path / "dev-2-avg2.txt") as f:
+        outputs["jax"] = f.read()
+    with open(tmp_path / "dev-2-avg2-ctranslate2.txt") as f:
+        outputs["ctranslate2"] = f.read()
+    assert outputs["ctranslate2"] == outputs["jax"]
+    with open(tmp_path / "dev-2-avg2-ctranslate2.json") as f:
+        result = json.load(f)
+    assert (result["engine"], result["quantization"]) == ("ctranslate2", "float32")
+
+
+def test_throughput_benchmark_has_a_ctranslate2_column(workdir, tmp_path, capsys):
+    """Greedy float32: CTranslate2's outputs are JAX's, so their target token counts are equal."""
+    from transformer_jax.benchmarks import decoding
+
+    (tmp_path / "in.txt").write_text("the red house\nmy dog sleeps in the garden\n\na cat\n")
+    records = decoding.bench_throughput(str(tmp_path / "in.txt"), workdir, num_sentences=None, beam_size=1,
+                                        repeats=1, engines=("jax", "ctranslate2"),
+                                        quantizations=("float32", "int8"), threads=1)
+    assert [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()] == records
+    assert [(r["engine"], r.get("quantization")) for r in records] == [
+        ("jax", None), ("ctranslate2", "float32"), ("ctranslate2", "int8")]
+    assert records[1]["target_tokens"] == records[0]["target_tokens"]
+    assert records[2]["compute_type"].startswith("int8")

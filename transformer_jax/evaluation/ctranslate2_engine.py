@@ -1,0 +1,382 @@
+"""CTranslate2 as a second decoding engine: export a trained model to it, and decode through it.
+
+CTranslate2 (https://github.com/OpenNMT/CTranslate2) is a C++ inference engine for encoder-decoder
+Transformers. :func:`model_spec` writes our parameters into its ``TransformerSpec``; the layout facts it
+relies on, each checked by tests/test_ctranslate2.py against our own decoder:
+
+  * its linear weights are [out, in]; self-attention has one fused Q/K/V linear, encoder-decoder
+    attention a Q linear and a fused K/V linear; our head-split kernels [d_model, h, d_k] are the
+    [d_model, h * d_k] matrices transposed (head-major, as CTranslate2 splits heads);
+  * its built-in sinusoid puts sin and cos in halves where ours interleaves them, so our table (or the
+    learned one) is passed as the position encodings;
+  * LayerNorm epsilon is Flax's 1e-6 (CTranslate2's default is 1e-5);
+  * the shared embedding is the source and target embedding (times sqrt(d_model)) and the output
+    projection, without bias;
+  * the decoder starts with our BOS piece and stops at EOS; sources get EOS appended, PAD is banned and
+    the minimum output length is 0;
+  * one head size: d_k != d_v cannot be expressed.
+
+Decoding (:class:`Engine`) keeps the contract of ``translation.decode_ids``: ids in, outputs in
+``decode``'s convention out. Greedy search gives the same tokens as ours. Beam search differs in two
+documented ways: CTranslate2's length penalty is the plain power |Y|^p, so the GNMT penalty
+((5 + |Y|) / 6)^alpha is matched at the input's median length (:func:`matched_length_penalty`), and
+its beam stops after ``beam_size`` finished hypotheses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from transformer_jax.model.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from transformer_jax.runtime.errors import ConfigError, MissingFileError
+
+# What ``--quantization`` takes: CTranslate2's weight types. bfloat16 runs on GPUs and on CPUs with
+# AVX512-BF16 builds; elsewhere CTranslate2 computes in the closest type it supports.
+QUANTIZATIONS = ("float32", "int8", "int8_float32", "bfloat16")
+LAYER_NORM_EPSILON = 1e-6  # flax.linen.LayerNorm's default
+RECORD_FILE = "export.json"  # what was exported, beside CTranslate2's own files
+TOKENIZER_FILE = "spm.model"
+VOCABULARY_FILE = "shared_vocabulary.json"  # CTranslate2's, written when source and target share one
+INSTALL_HINT = 'pip install -e ".[serve]" (or: pip install ctranslate2)'
+
+
+def import_ctranslate2():
+    """The ``ctranslate2`` module, or a ConfigError saying how to install it."""
+    try:
+        import ctranslate2
+    except ImportError:
+        raise ConfigError(f"CTranslate2 is not installed; install it with: {INSTALL_HINT}") from None
+    return ctranslate2
+
+
+def default_quantization(d_model: int) -> str:
+    """The weight type that decoded fastest on a CPU at this width (docs/translation.md)."""
+    return "float32" if d_model < 256 else "int8"
+
+
+# The ModelConfig fields the export maps, with the values it knows; any other field must be one that does not
+# change a deterministic forward pass. A field added to the model later is refused until the export knows it.
+_MAPPED_FIELDS = {"vocab_size": None, "d_model": None, "d_ff": None, "num_heads": None, "d_k": None,
+                  "d_v": None, "num_encoder_layers": None, "num_decoder_layers": None, "max_len": None,
+                  "position_encoding": ("sinusoidal", "learned"), "norm_style": ("post", "pre")}
+_INFERENCE_NEUTRAL_FIELDS = ("dropout_rate", "attention_dropout_rate", "attention_impl",
+                             "attention_block_size", "attention_init", "decode_cache_len", "dtype",
+                             "attention_witness", "deterministic", "decode", "decode_beams")
+
+
+def check_exportable(model_config) -> None:
+    """Raises ConfigError, before anything is written, for a model CTranslate2 cannot express."""
+    for field in dataclasses.fields(model_config):
+        value = getattr(model_config, field.name)
+        if field.name in _INFERENCE_NEUTRAL_FIELDS:
+            continue
+        if field.name not in _MAPPED_FIELDS:
+            raise ConfigError(f"the export to CTranslate2 does not know the model field {field.name}="
+                              f"{value!r}; it cannot be exported")
+        allowed = _MAPPED_FIELDS[field.name]
+        if allowed is not None and value not in allowed:
+            raise ConfigError(f"the export to CTranslate2 knows {field.name} {' and '.join(allowed)}, "
+                              f"not {value!r}")
+    if model_config.d_k != model_config.d_v:
+        raise ConfigError(
+            f"CTranslate2 has one head size, but this model has d_k={model_config.d_k} and d_v="
+            f"{model_config.d_v}; only models with d_k == d_v can be exported")
+
+
+def _array(x) -> np.ndarray:
+    """A writable float32 copy: CTranslate2 quantizes in place, and arrays read from JAX are read-only."""
+    return np.array(x, np.float32)
+
+
+def _head_matrix(kernel, *, heads_first: bool) -> np.ndarray:
+    """float32[out, in] of a head-split kernel: [d_model, h, d] (``heads_first=False``: W^Q, W^K, W^V)
+    -> [h * d, d_model]; [h, d, d_model] (W^O) -> [d_model, h * d]."""
+    kernel = np.asarray(kernel, np.float32)
+    if heads_first:
+        return _array(kernel.reshape(-1, kernel.shape[-1]).T)
+    return _array(kernel.reshape(kernel.shape[0], -1).T)
+
+
+def _set_norm(spec, norm: Mapping[str, Any]) -> None:
+    spec.gamma = _array(norm["scale"])
+    spec.beta = _array(norm["bias"])
+
+
+def _set_dense(spec, dense: Mapping[str, Any]) -> None:
+    spec.weight = _array(np.asarray(dense["kernel"]).T)
+    spec.bias = _array(dense["bias"])
+
+
+def _set_self_attention(spec, attention: Mapping[str, Any], norm: Mapping[str, Any]) -> None:
+    spec.linear[0].weight = np.concatenate(
+        [_head_matrix(attention[name], heads_first=False) for name in ("query", "key", "value")])
+    spec.linear[1].weight = _head_matrix(attention["out"], heads_first=True)
+    _set_norm(spec.layer_norm, norm)
+
+
+def _set_cross_attention(spec, attention: Mapping[str, Any], norm: Mapping[str, Any]) -> None:
+    spec.linear[0].weight = _head_matrix(attention["query"], heads_first=False)
+    spec.linear[1].weight = np.concatenate(
+        [_head_matrix(attention[name], heads_first=False) for name in ("key", "value")])
+    spec.linear[2].weight = _head_matrix(attention["out"], heads_first=True)
+    _set_norm(spec.layer_norm, norm)
+
+
+def _position_table(params: Mapping[str, Any], stack: str, model_config) -> np.ndarray:
+    if model_config.position_encoding == "learned":
+        return _array(params[stack]["positions"]["position_embedding"])
+    from transformer_jax.model.transformer import sinusoidal_table
+
+    return sinusoidal_table(model_config.max_len, model_config.d_model)
+
+
+def model_spec(params: Mapping[str, Any], model_config, pieces: Sequence[str]):
+    """CTranslate2's ``TransformerSpec`` holding ``params`` of ``Transformer(model_config)``.
+
+    Args:
+      params: the parameter tree (NumPy or JAX arrays).
+      model_config: the model's ModelConfig.
+      pieces: the vocabulary, one string a token id (``Tokenizer.id_to_piece``).
+    """
+    check_exportable(model_config)
+    import_ctranslate2()
+    from ctranslate2.specs import transformer_spec
+
+    cfg = model_config
+    pre_norm = cfg.norm_style == "pre"
+    default_head_dim = cfg.d_model // cfg.num_heads
+    head_dim = None if cfg.d_k == default_head_dim and cfg.d_model % cfg.num_heads == 0 else cfg.d_k
+    encoder = transformer_spec.TransformerEncoderSpec(cfg.num_encoder_layers, cfg.num_heads,
+                                                      pre_norm=pre_norm, head_dim=head_dim)
+    decoder = transformer_spec.TransformerDecoderSpec(cfg.num_decoder_layers, cfg.num_heads,
+                                                      pre_norm=pre_norm, head_dim=head_dim)
+    embedding = params["shared_embedding"]["embedding"]  # [vocab, d_model]
+    encoder.embeddings[0].weight = _array(embedding)
+    decoder.embeddings.weight = _array(embedding)
+    decoder.projection.weight = _array(embedding)  # logits x E^T: [out=vocab, in=d_model]
+    encoder.position_encodings.encodings = _position_table(params, "encoder", cfg)
+    decoder.position_encodings.encodings = _position_table(params, "decoder", cfg)
+    for i, layer in enumerate(encoder.layer):
+        ours = params["encoder"][f"layer_{i}"]
+        _set_self_attention(layer.self_attention, ours["self_attention"], ours["attention_block"]["norm"])
+        _set_dense(layer.ffn.linear_0, ours["ffn"]["wi"])
+        _set_dense(layer.ffn.linear_1, ours["ffn"]["wo"])
+        _set_norm(layer.ffn.layer_norm, ours["ffn_block"]["norm"])
+    for i, layer in enumerate(decoder.layer):
+        ours = params["decoder"][f"layer_{i}"]
+        _set_self_attention(layer.self_attention, ours["self_attention"],
+                            ours["self_attention_block"]["norm"])
+        _set_cross_attention(layer.attention, ours["cross_attention"], ours["cross_attention_block"]["norm"])
+        _set_dense(layer.ffn.linear_0, ours["ffn"]["wi"])
+        _set_dense(layer.ffn.linear_1, ours["ffn"]["wo"])
+        _set_norm(layer.ffn.layer_norm, ours["ffn_block"]["norm"])
+    if pre_norm:
+        _set_norm(encoder.layer_norm, params["encoder"]["final_norm"])
+        _set_norm(decoder.layer_norm, params["decoder"]["final_norm"])
+    spec = transformer_spec.TransformerSpec(encoder, decoder)
+    spec.config.layer_norm_epsilon = LAYER_NORM_EPSILON
+    spec.config.unk_token = pieces[UNK_ID]
+    spec.config.bos_token = pieces[BOS_ID]
+    spec.config.eos_token = pieces[EOS_ID]
+    spec.config.decoder_start_token = pieces[BOS_ID]
+    spec.register_source_vocabulary(list(pieces))
+    spec.register_target_vocabulary(list(pieces))
+    return spec
+
+
+def config_sha256(saved_config: Mapping[str, Any]) -> str:
+    """The hex SHA-256 of a run's saved JSON config (keys sorted): which run an export came from."""
+    return hashlib.sha256(json.dumps(saved_config, sort_keys=True).encode()).hexdigest()
+
+
+def write_model(params: Mapping[str, Any], model_config, out_dir: str, *, pieces: Sequence[str],
+                quantization: str, record: Mapping[str, Any], tokenizer_path: str | None = None) -> None:
+    """Exports ``params`` into ``out_dir``: CTranslate2's model files, ``RECORD_FILE`` and the tokenizer.
+
+    The folder is written beside ``out_dir`` and renamed into place, so ``out_dir`` holds a complete
+    export or its previous content. ``pieces`` is the vocabulary (one string a token id);
+    ``tokenizer_path``, when given, is copied in as ``TOKENIZER_FILE``. ``record`` is what was exported
+    (step, averaging, config hash, decoding defaults); the model's fields and the weight type are added.
+    """
+    if quantization not in QUANTIZATIONS:
+        raise ConfigError(f"--quantization={quantization}: expected one of {', '.join(QUANTIZATIONS)}")
+    if len(pieces) != model_config.vocab_size:
+        raise ConfigError(f"the vocabulary has {len(pieces)} pieces but the model's has "
+                          f"{model_config.vocab_size}; export with the run's own tokenizer")
+    spec = model_spec(params, model_config, pieces)
+    spec.validate()
+    spec.optimize(quantization=quantization)
+    out_dir = os.path.abspath(out_dir)
+    staging = f"{out_dir}.{os.getpid()}.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging)
+    try:
+        spec.save(staging)
+        if tokenizer_path is not None:
+            shutil.copyfile(tokenizer_path, os.path.join(staging, TOKENIZER_FILE))
+        model = {f.name: getattr(model_config, f.name) for f in dataclasses.fields(model_config)}
+        with open(os.path.join(staging, RECORD_FILE), "w") as f:
+            json.dump({"format": "ctranslate2", "quantization": quantization, **record, "model": model},
+                      f, indent=1)
+        previous = f"{out_dir}.{os.getpid()}.old"
+        if os.path.exists(out_dir):
+            os.rename(out_dir, previous)
+        os.rename(staging, out_dir)
+        shutil.rmtree(previous, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def workdir_pieces(tokenizer) -> list[str]:
+    """A tokenizer's vocabulary, one piece a token id: the strings CTranslate2 reads and writes."""
+    return [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+
+
+def read_record(model_dir: str) -> dict[str, Any]:
+    """The ``RECORD_FILE`` of an export, or MissingFileError saying how to make one."""
+    path = os.path.join(model_dir, RECORD_FILE)
+    if not os.path.isfile(path):
+        raise MissingFileError(f"{model_dir} holds no CTranslate2 export ({RECORD_FILE} is missing); make "
+                               "one with: python -m transformer_jax.export --workdir=<train.py workdir>")
+    with open(path) as f:
+        return json.load(f)
+
+
+def matched_length_penalty(alpha: float, lengths: Sequence[int]) -> float:
+    """CTranslate2's length penalty p (scores log P / |Y|^p) closest to GNMT's ((5 + |Y|) / 6)^alpha.
+
+    Beam search compares hypotheses of one sentence, so what matters is how the penalty changes with
+    length: d log lp / d log |Y| is alpha |Y| / (5 + |Y|) for GNMT and p for the power. They are matched
+    at |Y| = the median of ``lengths`` (source tokens, EOS included; outputs are about as long).
+    """
+    if alpha == 0 or not lengths:
+        return 0.0
+    typical = statistics.median(lengths)
+    return alpha * typical / (5.0 + typical)
+
+
+class Engine:
+    """Decodes with an exported model: the contract of ``translation.decode_ids`` on CTranslate2.
+
+    Args:
+      model_dir: an export (:func:`write_model`).
+      threads: CPU threads of one translation (CTranslate2's ``intra_threads``; 0: its default).
+      compute_type: CTranslate2's compute type; "default" runs the exported weight type (or the closest
+        one this CPU supports).
+      max_batch_size: sentences per CTranslate2 batch (it sorts them by length first).
+    """
+
+    def __init__(self, model_dir: str, *, threads: int = 0, compute_type: str = "default",
+                 max_batch_size: int = 64):
+        ctranslate2 = import_ctranslate2()
+        self.record = read_record(model_dir)
+        self.translator = ctranslate2.Translator(model_dir, device="cpu", compute_type=compute_type,
+                                                 inter_threads=1, intra_threads=threads)
+        with open(os.path.join(model_dir, VOCABULARY_FILE)) as f:
+            self.pieces = json.load(f)
+        self.ids = {piece: i for i, piece in enumerate(self.pieces)}
+        self.max_batch_size = max_batch_size
+
+    @property
+    def compute_type(self) -> str:
+        return self.translator.compute_type
+
+    def decode_ids(self, ids: Sequence[np.ndarray], settings, *,
+                   progress: Callable[[int], None] | None = None) -> list[np.ndarray]:
+        """Each source int32[len_i] (EOS included) -> int32[len_i + max_extra_len] as ``decode`` gives it:
+        the tokens, then EOS, then PAD; without EOS when the limit ``len_i + max_extra_len`` is reached.
+
+        ``settings`` is a ``translation.Settings``: beam 1 is greedy search (the same tokens as ours);
+        otherwise beam search with :func:`matched_length_penalty` of ``settings.alpha``.
+        """
+        if not len(ids):
+            return []
+        limits = [len(s) + settings.max_extra_len for s in ids]
+        results = self.translator.translate_batch(
+            [[self.pieces[i] for i in s] for s in ids], max_batch_size=self.max_batch_size,
+            beam_size=settings.beam_size,
+            length_penalty=matched_length_penalty(settings.alpha, [len(s) for s in ids]),
+            max_input_length=0, max_decoding_length=max(limits), min_decoding_length=0,
+            return_end_token=True, suppress_sequences=[[self.pieces[PAD_ID]]])
+        outputs = []
+        for result, limit in zip(results, limits, strict=True):
+            tokens = [self.ids[piece] for piece in result.hypotheses[0]][:limit]  # greedy: a prefix
+            out = np.full(limit, PAD_ID, np.int32)
+            out[:len(tokens)] = tokens
+            outputs.append(out)
+        if progress is not None:
+            progress(len(ids))
+        return outputs
+
+    def score(self, ids: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """float32[n_i + 1]: log P of each of the ``n_i`` output tokens before EOS (or PAD) and then of EOS,
+        given the source and the tokens before it (teacher forcing)."""
+        targets = []
+        for out in outputs:
+            out = list(np.asarray(out))
+            end = min([out.index(t) for t in (EOS_ID, PAD_ID) if t in out], default=len(out))
+            targets.append([self.pieces[i] for i in out[:end]])
+        results = self.translator.score_batch([[self.pieces[i] for i in s] for s in ids], targets,
+                                              max_input_length=0)
+        return [np.asarray(r.log_probs, np.float32) for r in results]
+
+
+def default_export_dir(workdir: str) -> str:
+    """Where ``export`` writes and ``translate --engine=ctranslate2`` reads by default."""
+    return os.path.join(workdir, "export", "ctranslate2")
+
+
+def export_workdir(workdir: str, *, out_dir: str | None = None, quantization: str | None = None,
+                   step: int | None = None, average_last: int | None = None) -> dict[str, Any]:
+    """Exports a ``train.py`` workdir's model, averaged as ``translate`` averages it; returns the record.
+
+    ``average_last`` None takes the run's ``final_average_last``; ``quantization`` None takes
+    :func:`default_quantization` of its width. Everything is checked before anything is written.
+    """
+    import_ctranslate2()
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ConfigError(f"--quantization={quantization}: expected one of {', '.join(QUANTIZATIONS)}")
+    for flag, value in (("step", step), ("average_last", average_last)):
+        if value is not None and value < 0:
+            raise ConfigError(f"--{flag}={value}: expected >= 0")
+    out_dir = out_dir or default_export_dir(workdir)
+    if os.path.isfile(out_dir) or (os.path.isdir(out_dir) and os.listdir(out_dir)
+                                   and not os.path.isfile(os.path.join(out_dir, RECORD_FILE))):
+        raise ConfigError(f"--out={out_dir} exists and is not an export; choose a new or empty folder")
+    from transformer_jax.checkpoints.restore import averaged_params, restore_workdir, steps_to_average
+    from transformer_jax.data.text_form import text_form_of
+    from transformer_jax.data.tokenizer import tokenizer_file
+    from transformer_jax.data.treebank import is_parsing
+
+    restored = restore_workdir(workdir, step)
+    run = restored.run
+    if is_parsing(run.data):
+        raise ConfigError(f"--workdir={workdir} is a parsing run; its decoding needs the tree constraint, "
+                          "which CTranslate2 lacks. Parse with: python evaluate.py")
+    check_exportable(restored.model_config)
+    if average_last is None:
+        average_last = run.eval.final_average_last
+    steps = steps_to_average(restored, average_last) if average_last > 1 else [restored.step]
+    params = averaged_params(restored, average_last, steps=steps) if average_last > 1 else restored.params
+    quantization = quantization or default_quantization(restored.model_config.d_model)
+    form = text_form_of(run.data)
+    record = {
+        "workdir": os.path.abspath(workdir), "config": run.name, "step": restored.step,
+        "average_last": average_last, "averaged_steps": steps,
+        "config_sha256": config_sha256(run.saved), "tokenizer_sha256": restored.tokenizer.sha256,
+        "decoding": {"beam_size": run.eval.final_beam_size, "alpha": run.eval.final_alpha,
+                     "max_extra_len": run.eval.final_max_extra_len},
+        "text_form": {"name": form.name, "src_lang": form.src_lang, "tgt_lang": form.tgt_lang},
+    }
+    write_model(params, restored.model_config, out_dir, pieces=workdir_pieces(restored.tokenizer),
+                quantization=quantization, record=record, tokenizer_path=str(tokenizer_file(workdir)))
+    return read_record(out_dir)
