@@ -294,22 +294,24 @@ def test_interrupted_save_tmp_dirs_are_removed_on_start(tmp_path, caplog):
 # ------------------------------------------------------------------------------------------- averaging
 def test_average_checkpoints_known_values(tmp_path):
     save_steps(tmp_path, [1, 2, 3, 4, 5], max_to_keep=10)
-    averaged = average_checkpoints(str(tmp_path), ABSTRACT, last_n=5)
+    averaged = average_checkpoints(str(tmp_path), ABSTRACT, [1, 2, 3, 4, 5])
     assert averaged["w"].dtype == jnp.float32 and averaged["b"].dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(averaged["w"]), 3.0, rtol=0, atol=1e-6)
     np.testing.assert_allclose(np.asarray(averaged["b"], np.float32), 3.0, rtol=0, atol=1e-2)
-    # Parameters only (not the whole state) as the target; the last 3 steps are 3, 4, 5.
-    averaged = average_checkpoints(str(tmp_path), ABSTRACT.params, last_n=3)
+    # Parameters only (not the whole state) as the target.
+    averaged = average_checkpoints(str(tmp_path), ABSTRACT.params, [3, 4, 5])
     np.testing.assert_allclose(np.asarray(averaged["w"]), 4.0, rtol=0, atol=1e-6)
     np.testing.assert_allclose(np.asarray(averaged["b"], np.float32), 4.0, rtol=0, atol=1e-2)
-    averaged = average_checkpoints(str(tmp_path), ABSTRACT, last_n=2)
+    averaged = average_checkpoints(str(tmp_path), ABSTRACT, [5, 4])
     np.testing.assert_allclose(np.asarray(averaged["w"]), 4.5, rtol=0, atol=1e-6)
+    averaged = average_checkpoints(str(tmp_path), ABSTRACT, [1, 5])
+    np.testing.assert_allclose(np.asarray(averaged["w"]), 3.0, rtol=0, atol=1e-6)
 
 
-def test_average_checkpoints_needs_enough_steps(tmp_path):
+def test_average_checkpoints_names_the_steps_it_lacks(tmp_path):
     save_steps(tmp_path, [1, 2, 3])
-    with pytest.raises(ValueError, match=r"\b5\b.*\b3\b.*\[1, 2, 3\]"):
-        average_checkpoints(str(tmp_path), ABSTRACT, last_n=5)
+    with pytest.raises(ValueError, match=r"steps \[4, 5\] are not in .* \(it has \[1, 2, 3\]\)"):
+        average_checkpoints(str(tmp_path), ABSTRACT, [2, 3, 4, 5])
 
 
 # ------------------------------------------------------------------------------- integrity (issue 12)
@@ -349,7 +351,7 @@ def test_bit_flip_is_detected_and_falls_back_like_other_damage(tmp_path, caplog)
         with pytest.raises(RuntimeError, match=r"step 3.*checksum mismatch.*params/w"):
             reader.restore(BIG_ABSTRACT, step=3)
         with pytest.raises(RuntimeError, match=r"step 3 in .*checksum mismatch"):
-            average_checkpoints(str(tmp_path), BIG_ABSTRACT, last_n=2)
+            average_checkpoints(str(tmp_path), BIG_ABSTRACT, [2, 3])
     ckpt = new_checkpointer(tmp_path)
     with caplog.at_level(logging.WARNING, logger=ckpt_lib.__name__):
         restored, data_state, _, step = ckpt.restore(BIG_ABSTRACT)

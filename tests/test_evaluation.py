@@ -132,8 +132,9 @@ def test_restore_workdir_names_what_is_missing(tmp_path, workdir):
 def test_averaged_params_are_the_mean_of_the_last_n_up_to_the_step(workdir):
     path, saved = workdir
     restored = restore.restore_workdir(path, step=2)
-    _assert_params_equal(restore.averaged_params(restored, 2),
-                         jax.tree.map(lambda a, b: (a + b) / 2, saved[1], saved[2]), rtol=1e-6)
+    params, steps = restore.averaged_params(restored, 2)
+    assert steps == [1, 2]
+    _assert_params_equal(params, jax.tree.map(lambda a, b: (a + b) / 2, saved[1], saved[2]), rtol=1e-6)
     with pytest.raises(ValueError, match=r"average_last=3.*step 2.*\[1, 2\]"):
         restore.averaged_params(restored, 3)
 

@@ -34,8 +34,6 @@ def config_with(overrides: dict):
 def saved_state(config, workdir, step: int):
     """(params as a flat list of NumPy arrays, data-iterator state) that ``train.py`` saved at ``step``."""
     run = run_config.build_run_config(config, environment=False)
-    tokenizer = restore.load_workdir_tokenizer(run.data, str(workdir))
-    run = run.with_vocab_size(tokenizer.vocab_size)
     schedule = train_state.schedule_from_config(run.train, run.model.d_model)
     target = train_state.abstract_train_state(run.model, train_state.make_optimizer(run.train, schedule))
     with Checkpointer(restore.checkpoint_dir(str(workdir)), save_every_steps=None,
@@ -49,8 +47,8 @@ def untrained_workdir(config, workdir: str, steps=(1,)) -> dict:
     """A train.py-shaped ``workdir`` without training: the tokenizer, and at each of ``steps`` a
     checkpoint of the initial state with every parameter multiplied by the step (so an average of
     checkpoints is known). Returns {step: params as NumPy arrays}."""
-    tokenizer = data_lib.load_or_train_tokenizer(config.data, workdir)
-    run = run_config.build_run_config(config).with_vocab_size(tokenizer.vocab_size)
+    data_lib.load_or_train_tokenizer(config.data, workdir)  # the workdir's tokenizer file
+    run = run_config.build_run_config(config)
     mesh = sharding.make_mesh((1, 1), jax.devices()[:1])
     schedule = train_state.schedule_from_config(run.train, run.model.d_model)
     state, _ = train_state.create_train_state(

@@ -120,10 +120,6 @@ class RunConfig:
     sharding: ShardingConfig
     saved: Mapping[str, Any] = dataclasses.field(repr=False, compare=False)  # the JSON form
 
-    def with_vocab_size(self, vocab_size: int) -> RunConfig:
-        """The same run with the model's vocabulary the tokenizer's (``data.vocab_size`` until then)."""
-        return dataclasses.replace(self, model=self.model.replace(vocab_size=vocab_size))
-
     def splits_read(self) -> tuple[str, ...]:
         """The data splits a training run reads: train, dev (always scored at the end) and maybe test."""
         return ("train", "dev") + (("test",) if self.eval.final_eval_split == "test" else ())

@@ -190,7 +190,7 @@ def bench_throughput(path: str, workdir: str, *, num_sentences: int | None, beam
     lines = translation.read_lines(path)[:num_sentences]
     restored = restore_workdir(workdir)
     final = restored.run.eval
-    params = averaged_params(restored, average_last) if average_last > 1 else restored.params
+    params, _ = averaged_params(restored, average_last)
     if tokens_per_batch is None:
         tokens_per_batch = translation.default_tokens_per_batch(restored.model_config)
     settings = translation.Settings(

@@ -21,10 +21,8 @@ from transformer_jax.runtime.errors import short_error
 _log = logging.getLogger(__name__)
 
 
-def average_checkpoints(
-    directory: str, abstract_params_or_state: Any, last_n: int, *, steps: Sequence[int] | None = None,
-) -> Any:
-    """The element-wise mean of the parameters of the newest ``last_n`` checkpoints (paper section 6.1).
+def average_checkpoints(directory: str, abstract_params_or_state: Any, steps: Sequence[int]) -> Any:
+    """The element-wise mean of the parameters saved at ``steps`` (paper section 6.1: the newest N).
 
     Only the parameters of each saved state are read (``Checkpointer.read_params``, an orbax partial
     restore), and the mean is a running float32 sum, so memory holds two copies of the parameters. The
@@ -33,16 +31,15 @@ def average_checkpoints(
     Args:
       directory: a checkpoint directory written by :class:`Checkpointer`.
       abstract_params_or_state: the abstract parameters, or a whole abstract state with ``.params``.
-      last_n: how many of the newest steps to average (5 for base, 20 for big).
-      steps: average exactly these steps instead of the newest ``last_n`` (e.g. the N ending at a step).
+      steps: the steps to average (e.g. ``restore.steps_to_average``: the newest N up to a step).
 
     Raises:
-      ValueError: fewer than ``last_n`` steps exist (the paper's protocol needs exactly ``last_n``).
+      ValueError: no steps, or a step that ``directory`` does not hold (named, with those it has).
       CheckpointMismatchError: a step holds another model's arrays.
       RuntimeError: a step could not be read (named with the directory).
     """
-    if last_n < 1:
-        raise ValueError(f"last_n must be >= 1, got {last_n}")
+    if not steps:
+        raise ValueError("no checkpoint steps to average")
     abstract_params = getattr(abstract_params_or_state, "params", abstract_params_or_state)
     abstract_params = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
@@ -51,18 +48,10 @@ def average_checkpoints(
     reader = Checkpointer(directory, save_every_steps=None, save_every_minutes=None, read_only=True)
     try:
         available = reader.all_steps()
-        if steps is not None:
-            missing = sorted(set(steps) - set(available))
-            if missing:
-                raise ValueError(f"steps {missing} are not in {directory} (it has {available})")
-            available = sorted(steps)
-        steps = available
-        if len(steps) < last_n:
-            raise ValueError(
-                f"averaging needs the last {last_n} checkpoints but {directory} has {len(steps)} "
-                f"(steps {steps}); train longer, lower last_n, or set Checkpointer(max_to_keep>={last_n})"
-            )
-        chosen = steps[-last_n:]
+        missing = sorted(set(steps) - set(available))
+        if missing:
+            raise ValueError(f"steps {missing} are not in {directory} (it has {available})")
+        chosen = sorted(steps)
         total = None
         for step in chosen:
             try:
@@ -80,4 +69,4 @@ def average_checkpoints(
     finally:
         reader.close()
     _log.info("Averaged parameters of steps %s from %s", chosen, directory)
-    return jax.tree.map(lambda s, a: (s / last_n).astype(a.dtype), total, abstract_params)
+    return jax.tree.map(lambda s, a: (s / len(chosen)).astype(a.dtype), total, abstract_params)

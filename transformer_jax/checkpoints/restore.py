@@ -43,7 +43,7 @@ class Restored:
     """A trained model read back from a ``train.py`` workdir.
 
     Attributes:
-      run: the run's RunConfig (its ``model`` with the tokenizer's vocabulary).
+      run: the run's RunConfig (its ``model.vocab_size`` is the tokenizer's: ``data.vocab_size``).
       tokenizer: the run's SentencePiece tokenizer.
       params: the parameters.
       step: the checkpoint step.
@@ -156,7 +156,6 @@ def restore_workdir(workdir: str, step: int | None = None) -> Restored:
         _, saved_config, metadata = ckpt.saved_info(step)
         run = run_config_from_saved(saved_config)
         tokenizer = load_workdir_tokenizer(run.data, workdir, metadata.get("tokenizer_sha256"))
-        run = run.with_vocab_size(tokenizer.vocab_size)
         target = abstract_params(run.model)
         params, restored_step = ckpt.restore_params(target, step)
         return Restored(run, tokenizer, params, int(restored_step), ckpt.directory, target)
@@ -182,8 +181,11 @@ def steps_to_average(restored: Restored, average_last: int, *, from_config: bool
     return available[-average_last:]
 
 
-def averaged_params(restored: Restored, average_last: int, *, steps: list[int] | None = None):
-    """The mean parameters of the ``average_last`` checkpoints ending at ``restored.step`` (or of
-    ``steps``, from ``steps_to_average``)."""
-    steps = steps_to_average(restored, average_last) if steps is None else steps
-    return average_checkpoints(restored.checkpoint_dir, restored.abstract_params, len(steps), steps=steps)
+def averaged_params(restored: Restored, average_last: int, *,
+                    from_config: bool = False) -> tuple[Any, list[int]]:
+    """(parameters, steps): the mean of the ``average_last`` checkpoints ending at ``restored.step``
+    (``steps_to_average``; ``from_config`` as there), or for ``average_last`` 0 or 1 ``restored.params``."""
+    if average_last <= 1:
+        return restored.params, [restored.step]
+    steps = steps_to_average(restored, average_last, from_config=from_config)
+    return average_checkpoints(restored.checkpoint_dir, restored.abstract_params, steps), steps

@@ -352,7 +352,7 @@ def export_workdir(workdir: str, *, out_dir: str | None = None, quantization: st
     if os.path.isfile(out_dir) or (os.path.isdir(out_dir) and os.listdir(out_dir)
                                    and not os.path.isfile(os.path.join(out_dir, RECORD_FILE))):
         raise ConfigError(f"--out={out_dir} exists and is not an export; choose a new or empty folder")
-    from transformer_jax.checkpoints.restore import averaged_params, restore_workdir, steps_to_average
+    from transformer_jax.checkpoints.restore import averaged_params, restore_workdir
     from transformer_jax.data.text_form import text_form_of
     from transformer_jax.data.tokenizer import tokenizer_file
     from transformer_jax.data.treebank import is_parsing
@@ -365,8 +365,7 @@ def export_workdir(workdir: str, *, out_dir: str | None = None, quantization: st
     check_exportable(restored.model_config)
     if average_last is None:
         average_last = run.eval.final_average_last
-    steps = steps_to_average(restored, average_last) if average_last > 1 else [restored.step]
-    params = averaged_params(restored, average_last, steps=steps) if average_last > 1 else restored.params
+    params, steps = averaged_params(restored, average_last)
     quantization = quantization or default_quantization(restored.model_config.d_model)
     form = text_form_of(run.data)
     record = {

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from transformer_jax import data as data_lib
-from transformer_jax.checkpoints.restore import averaged_params, restore_workdir, steps_to_average
+from transformer_jax.checkpoints.restore import averaged_params, restore_workdir
 from transformer_jax.data.sources import read_parallel_numbered
 from transformer_jax.evaluation import (
     bleu,
@@ -190,10 +190,7 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
     stem = evaluate_args.output_stem(out_dir, split=split, step=restored.step, source_file=source_file,
                                      average_last=average_last, engine=engine)
     txt_path, json_path = evaluate_args.claim_outputs(stem, overwrite=overwrite)
-    averaged_steps = (steps_to_average(restored, average_last, from_config=from_config)
-                      if average_last > 1 else [restored.step])
-    params = (averaged_params(restored, average_last, steps=averaged_steps) if average_last > 1
-              else restored.params)
+    params, averaged_steps = averaged_params(restored, average_last, from_config=from_config)
     split, batches = _split_batches(run.data, tokenizer, split, source_file, reference_file,
                                     max_length)
     ppl = perplexity(params, model_config, batches)

@@ -372,7 +372,7 @@ def _jax_model(workdir: str, step, average_last, tokens_per_batch) -> _Model:
     final = restored.run.eval
     if average_last is None:
         average_last = final.final_average_last
-    params = averaged_params(restored, average_last) if average_last > 1 else restored.params
+    params, _ = averaged_params(restored, average_last)
     defaults = Settings(final.final_beam_size, final.final_alpha, final.final_max_extra_len)
     return _Model(params, restored.model_config, restored.tokenizer, defaults, restored.step, average_last,
                   "jax", tokens_per_batch=tokens_per_batch)

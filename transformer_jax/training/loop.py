@@ -104,7 +104,6 @@ def setup(run: RunConfig, workdir: str) -> tuple[Trainer, TrainState, data_lib.T
     mesh = sharding.make_mesh(run.sharding.mesh_shape)
     rules = sharding.rules_from_config(run.sharding.logical_axis_rules)
     tokenizer = _shared_tokenizer(run.data, workdir)
-    run = run.with_vocab_size(tokenizer.vocab_size)
     schedule = schedule_from_config(run.train, run.model.d_model)
     tx = make_optimizer(run.train, schedule)
     train_iter = data_lib.make_train_iterator(
@@ -323,7 +322,7 @@ def _final_evaluation(trainer: Trainer, state: TrainState, step: int, started: f
     saved = [s for s in ckpt.all_steps() if s <= step]
     if run.eval.final_average_last > 1 and len(saved) > 1:
         chosen = saved[-run.eval.final_average_last:]
-        params = average_checkpoints(ckpt.directory, abstract_state(state), len(chosen), steps=chosen)
+        params = average_checkpoints(ckpt.directory, abstract_state(state), chosen)
         final["averaged_checkpoints"] = len(chosen)
         final["averaged_steps"] = chosen
     with jax.set_mesh(trainer.mesh), nn.logical_axis_rules(trainer.rules):
