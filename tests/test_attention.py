@@ -153,15 +153,6 @@ def test_dropout_needs_rng_and_is_inverted_dropout_on_the_weights():
     np.testing.assert_allclose(mean, weights, atol=0.05)
 
 
-def test_split_and_merge_heads_round_trip():
-    x = jnp.arange(BATCH * Q_LEN * HEADS * D_K, dtype=jnp.float32).reshape(BATCH, Q_LEN, -1)
-    heads = attention.split_heads(x, HEADS)
-    assert heads.shape == (BATCH, Q_LEN, HEADS, D_K)
-    np.testing.assert_array_equal(attention.merge_heads(heads), x)
-    with pytest.raises(ValueError, match="divisible"):
-        attention.split_heads(x, 7)
-
-
 def test_combine_masks():
     causal = attention.causal_mask(KV_LEN)
     pad = attention.padding_mask(None, jnp.array([[1, 1, 1, 0, 0, 0, 0]]))

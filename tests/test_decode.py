@@ -19,6 +19,11 @@ EXTRA = 3  # max_extra_len of every search on the tiny model (one output buffer,
 SMALL_VOCAB, ENUM_LEN = 6, 3  # a model whose outputs can be enumerated: 85 sequences of <= 3 tokens
 
 
+def _sequence_lengths(tokens) -> np.ndarray:
+    """int[batch]: output tokens up to and including EOS (all non-PAD without one) in decode's convention."""
+    return np.sum(np.asarray(tokens) != PAD_ID, axis=-1)
+
+
 def _tiny(**overrides) -> ModelConfig:
     fields = dict(vocab_size=VOCAB, d_model=15, d_ff=17, num_heads=3, d_k=5, d_v=7,
                   num_encoder_layers=1, num_decoder_layers=2, max_len=24)
@@ -43,7 +48,7 @@ def _sequence_logprobs(params, cfg, inputs, tokens) -> np.ndarray:
 
 def _scores(params, cfg, inputs, tokens, alpha) -> np.ndarray:
     """float64[n] beam score log P(Y) / lp(|Y|) of output-convention tokens int32[n, T]."""
-    lengths = np.asarray(decode.sequence_lengths(tokens))
+    lengths = np.asarray(_sequence_lengths(tokens))
     return _sequence_logprobs(params, cfg, inputs, tokens) / ((5.0 + lengths) / 6.0) ** alpha
 
 
@@ -214,7 +219,7 @@ def test_beam_size_one_equals_greedy(tiny):
 
 def test_beam_search_finds_the_best_of_all_sequences(small):
     cfg, params, inputs, candidates, logprobs = small
-    lengths = np.asarray(decode.sequence_lengths(jnp.asarray(candidates)))  # [85]
+    lengths = np.asarray(_sequence_lengths(jnp.asarray(candidates)))  # [85]
     best_lengths = {}
     for alpha in (0.0, 0.6, 2.0):
         scores = logprobs / ((5.0 + lengths) / 6.0) ** alpha  # [B, 85]
@@ -265,7 +270,7 @@ def test_a_sequence_that_emits_eos_first_has_length_one_and_the_loop_stops_early
     expected = np.zeros((BATCH, SRC_LEN + EXTRA), np.int32)
     expected[:, 0] = EOS_ID
     np.testing.assert_array_equal(tokens, expected)
-    np.testing.assert_array_equal(decode.sequence_lengths(tokens), np.ones(BATCH))
+    np.testing.assert_array_equal(_sequence_lengths(tokens), np.ones(BATCH))
 
 
 def test_eos_then_only_pad_and_per_example_limits(small):
@@ -275,7 +280,7 @@ def test_eos_then_only_pad_and_per_example_limits(small):
     beam, _ = decode.beam_search(params, cfg, inputs, max_extra_len=2, return_all_beams=True)
     _assert_well_formed(greedy, limits)
     _assert_well_formed(beam.reshape(BATCH * 4, -1), np.repeat(limits, 4))
-    lengths = np.asarray(decode.sequence_lengths(beam.reshape(BATCH * 4, -1)))
+    lengths = np.asarray(_sequence_lengths(beam.reshape(BATCH * 4, -1)))
     assert np.any(lengths < np.repeat(limits, 4)) and np.any(np.asarray(beam) == EOS_ID)
 
 
@@ -285,10 +290,10 @@ def test_output_length_is_source_length_plus_max_extra_len(tiny):
     limits = np.sum(np.asarray(inputs) != PAD_ID, axis=1) + EXTRA  # 10, 9, 8, 7, 6
     tokens, num_steps = decode.greedy_search(params, cfg, inputs, max_extra_len=EXTRA, min_len=20,
                                              return_num_steps=True)  # EOS banned
-    np.testing.assert_array_equal(decode.sequence_lengths(tokens), limits)
+    np.testing.assert_array_equal(_sequence_lengths(tokens), limits)
     assert int(num_steps) == limits.max() == SRC_LEN + EXTRA
     beam, _ = decode.beam_search(params, cfg, inputs, max_extra_len=EXTRA, min_len=20)
-    np.testing.assert_array_equal(decode.sequence_lengths(beam), limits)
+    np.testing.assert_array_equal(_sequence_lengths(beam), limits)
 
 
 def test_bfloat16_model_decodes(tiny):
@@ -329,7 +334,7 @@ def test_compaction_changes_no_output(tiny, search):
                                                    first_cache_len=4, return_num_steps=True)
         (compacted, steps), (full, _) = run(True), run(False)
         np.testing.assert_array_equal(compacted, full)
-        lengths = np.asarray(decode.sequence_lengths(full))
+        lengths = np.asarray(_sequence_lengths(full))
     else:
         run = lambda compact: decode.beam_search(params, cfg, inputs, beam_size=3, max_extra_len=EXTRA,
                                                  compact=compact, first_cache_len=4, return_all_beams=True,
@@ -337,6 +342,6 @@ def test_compaction_changes_no_output(tiny, search):
         (seqs, scores, steps), (full_seqs, full_scores, _) = run(True), run(False)
         np.testing.assert_array_equal(seqs, full_seqs)
         np.testing.assert_allclose(scores, full_scores, atol=1e-6)
-        lengths = np.asarray(decode.sequence_lengths(full_seqs[:, 0]))
+        lengths = np.asarray(_sequence_lengths(full_seqs[:, 0]))
     # Not a vacuous check: outputs end at different steps, so rows left the loop before its end.
     assert lengths.min() < int(steps) and np.sum(lengths < int(steps)) > 48

@@ -35,7 +35,10 @@ def saved_state(config, workdir, step: int):
     """(params as a flat list of NumPy arrays, data-iterator state) that ``train.py`` saved at ``step``."""
     run = run_config.build_run_config(config, environment=False)
     schedule = train_state.schedule_from_config(run.train, run.model.d_model)
-    target = train_state.abstract_train_state(run.model, train_state.make_optimizer(run.train, schedule))
+    mesh = sharding.make_mesh((1, 1), jax.devices()[:1])
+    state, _ = train_state.create_train_state(
+        run.model, train_state.make_optimizer(run.train, schedule), mesh, (), seed=0)
+    target = train_state.abstract_state(state)
     with Checkpointer(restore.checkpoint_dir(str(workdir)), save_every_steps=None,
                       save_every_minutes=None, read_only=True) as ckpt:
         state, data_state, _, restored = ckpt.restore(target, step)

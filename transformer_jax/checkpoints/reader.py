@@ -257,7 +257,3 @@ class CheckpointReader:
                     candidate, self.directory, short_error(e))
                 errors.append(f"step {candidate}: {short_error(e, 200)}")
         raise NoUsableCheckpointError(f"no readable config in {self.directory}: {'; '.join(errors)}")
-
-    def restore_config(self, step: int | None = None) -> dict:
-        """Only the run config of ``step`` (default: the newest step whose config reads); no arrays."""
-        return self.saved_info(step)[1]

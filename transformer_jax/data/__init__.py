@@ -31,7 +31,6 @@ from transformer_jax.data.sources import (
 )
 from transformer_jax.data.synthetic import (
     SyntheticSource,
-    baseline_bleus,
     copy_baseline,
     lexicon_baseline,
 )
@@ -48,7 +47,6 @@ __all__ = [
     "Tokenizer",
     "TrainIterator",
     "TreebankSource",
-    "baseline_bleus",
     "check_tokens_per_batch",
     "copy_baseline",
     "default_data_config",

@@ -18,7 +18,7 @@ Splits are one stream of unique source sentences: the first `test_size` are test
 `dev_size` dev, the rest train, so splits never share a source sentence and the test set does
 not change with the train size.
 
-Baselines (`baseline_bleus`): copying the source, and word-by-word lexicon substitution
+Baselines (`copy_baseline`, `lexicon_baseline`): copying the source, and word-by-word lexicon substitution
 (each word's base translation, no reordering, no agreement). Both score below 40 BLEU.
 
 Word alignment (`word_alignment`): which target word inflects which source word's lemma, for
@@ -32,8 +32,6 @@ import functools
 import random
 import re
 from collections.abc import Sequence
-
-import sacrebleu
 
 from transformer_jax.data.synthetic_lexicon import (
     ADJECTIVES,
@@ -360,17 +358,3 @@ def lexicon_baseline(pairs: Sequence[tuple[str, str]], seed: int = 0) -> list[st
         words = [table.get(w.lower(), w) if w not in NAMES else w for w in src[:-1].split()]
         hyps.append(_render([w for w in words if w], end))
     return hyps
-
-
-def baseline_bleus(split: str = "test", *, seed: int = 0, size: int = 500) -> dict[str, float]:
-    """sacrebleu corpus BLEU of `copy_baseline` and `lexicon_baseline` on a split.
-
-    The split is the default task's (500 test / 500 dev sentences from `seed`).
-    """
-    source = SyntheticSource(train_size=size, dev_size=size, test_size=size, seed=seed)
-    pairs = source.pairs(split)
-    refs = [[tgt for _, tgt in pairs]]
-    return {
-        "copy": sacrebleu.corpus_bleu(copy_baseline(pairs), refs).score,
-        "lexicon": sacrebleu.corpus_bleu(lexicon_baseline(pairs, seed), refs).score,
-    }

@@ -72,15 +72,6 @@ def length_penalty(length: Array | int, alpha: Array | float) -> Array:
     return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
 
 
-def sequence_lengths(tokens: Array) -> Array:
-    """int32[batch] number of output tokens up to and including the first EOS (all non-PAD without one).
-
-    Args:
-      tokens: int[batch, max_len] in this module's output convention.
-    """
-    return jnp.sum(tokens != PAD_ID, axis=-1).astype(jnp.int32)
-
-
 def _ban_tokens(scores: Array, t: Array, min_len: Array | int) -> Array:
     """float32[n, vocab] scores with PAD banned always and EOS banned while t < min_len (set to NEG_INF)."""
     vocab_ids = jnp.arange(scores.shape[-1])

@@ -68,20 +68,6 @@ def combine_masks(*masks: Array | None) -> Array | None:
     return out
 
 
-def split_heads(x: Array, num_heads: int) -> Array:
-    """float[batch, length, num_heads * head_dim] -> float[batch, length, num_heads, head_dim]."""
-    batch, length, features = x.shape
-    if features % num_heads:
-        raise ValueError(f"features={features} is not divisible by num_heads={num_heads}")
-    return x.reshape(batch, length, num_heads, features // num_heads)
-
-
-def merge_heads(x: Array) -> Array:
-    """float[batch, length, num_heads, head_dim] -> float[batch, length, num_heads * head_dim]."""
-    batch, length, num_heads, head_dim = x.shape
-    return x.reshape(batch, length, num_heads * head_dim)
-
-
 def masked_softmax(logits: Array, mask: Array | None, axis: int = -1) -> Array:
     """Softmax over ``axis`` (default the last) that gives masked entries weight exactly 0.
 

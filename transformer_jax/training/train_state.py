@@ -1,7 +1,7 @@
 """The training state and the optimizer of section 5.3: ``TrainState``, Adam with the warmup schedule.
 
 ``create_train_state`` initializes the state directly into its shardings (from the logical axis rules);
-``abstract_train_state`` gives its shapes and dtypes alone, the target for restoring a checkpoint.
+``abstract_state`` gives its shapes, dtypes and shardings, the target for restoring a checkpoint.
 """
 
 from __future__ import annotations
@@ -87,12 +87,6 @@ def create_train_state(model_config: ModelConfig, tx: optax.GradientTransformati
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         state = jax.jit(lambda r: nn.meta.unbox(init(r)), out_shardings=state_sharding)(rng)
     return state, state_sharding
-
-
-def abstract_train_state(model_config: ModelConfig, tx: optax.GradientTransformation) -> TrainState:
-    """The TrainState's shapes and dtypes (no sharding: restores onto the default device)."""
-    init = _init_state_fn(model_config, tx)
-    return jax.eval_shape(lambda r: nn.meta.unbox(init(r)), jax.random.PRNGKey(0))
 
 
 def abstract_state(state: TrainState) -> Any:
