@@ -42,7 +42,10 @@ def test_config_model_holds_exactly_the_model_config_fields(path):
     config = load(path)
     assert set(config.model.keys()) == set(ModelConfig.settable_defaults())
     model_config = ModelConfig(vocab_size=config.data.vocab_size, **config.model)
-    assert model_config.d_k * model_config.num_heads > 0
+    head_size = config.model.d_model // config.model.num_heads
+    for name, value in config.model.items():  # every value reaches the model; None head sizes resolve
+        expected = head_size if value is None and name in ("d_k", "d_v") else value
+        assert getattr(model_config, name) == expected, name
 
 
 def test_every_model_config_field_can_be_set_from_the_command_line():

@@ -19,7 +19,9 @@ import pytest
 from tiny import config_with
 
 from transformer_jax import run_config
+from transformer_jax.evaluation import translation
 from transformer_jax.inspect import ablation, complexity, forward, run_all
+from transformer_jax.model.special_ids import EOS_ID, PAD_ID
 from transformer_jax.training import loop
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -276,4 +278,13 @@ def test_a_long_sentence_decodes_within_the_model_limit(inspected):
     inputs = forward.encode_sentence(restored.tokenizer, " ".join(words), max_len)
     assert max_len - 3 <= inputs.shape[1] <= max_len - 2  # + max_extra_len=50 would not fit
     output = forward.greedy_output(restored.params, restored.model_config, inputs, max_extra_len=50)
+    # The translate path's greedy search with the allowance that fits (max_len - source length): the same
+    # tokens, up to and including EOS.
+    [reference] = translation.decode_ids(
+        restored.params, restored.model_config, [inputs[0]],
+        translation.Settings(beam_size=1, max_extra_len=max_len - inputs.shape[1]))
+    reference = reference[reference != PAD_ID]
+    if EOS_ID in reference:
+        reference = reference[:list(reference).index(EOS_ID) + 1]
+    np.testing.assert_array_equal(output[0], reference)
     assert 1 <= output.shape[1] <= max_len
