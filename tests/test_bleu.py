@@ -13,6 +13,7 @@ import sacremoses
 from shared_data import SHARED_DATA
 
 from transformer_jax.evaluation import bleu
+from transformer_jax.protocols import BLEU_PROTOCOLS
 
 ATAT = "##AT##-##AT##"
 SHARED_MULTI30K = SHARED_DATA / "multi30k"
@@ -241,7 +242,7 @@ def test_multi30k_escaping_does_not_change_the_score():
 def test_score_all_gives_every_protocol():
     hyp, ref = ["Die Ost-West-Beziehungen sind gut."], ["die Ost-West-Verhandlungen sind gut."]
     results = bleu.score_all(hyp, ref, "de")
-    assert tuple(results) == bleu.PROTOCOLS == ("sacrebleu", "tokenized", "multi30k")
+    assert tuple(results) == BLEU_PROTOCOLS == ("sacrebleu", "tokenized", "multi30k")
     assert results["sacrebleu"] == bleu.sacrebleu_score(hyp, ref)
     assert results["tokenized"] == bleu.tokenized_bleu(hyp, ref, "de")
     assert results["multi30k"] == bleu.multi30k_bleu(hyp, ref, "de")

@@ -37,8 +37,8 @@ from ml_collections import config_flags
 from transformer_jax import data as data_lib
 from transformer_jax.data.config import DataConfig
 from transformer_jax.data.sources import check_input_files
-from transformer_jax.evaluation import bleu
 from transformer_jax.model.config import ModelConfig
+from transformer_jax.protocols import BLEU_PROTOCOLS
 from transformer_jax.runtime import errors, sharding
 from transformer_jax.runtime.errors import ConfigError
 
@@ -217,7 +217,7 @@ def _check_loop(config: Mapping[str, Any]) -> None:
     for path in ("eval_every_steps", "checkpoint_every_steps"):
         _check_int(config, path, 0, "0 turns it off")
     _check_int(config, "eval_bleu_examples", 0, "0 turns the periodic dev BLEU off")
-    _check_choice(config, "dev_bleu_protocol", tuple(bleu.PROTOCOLS))
+    _check_choice(config, "dev_bleu_protocol", BLEU_PROTOCOLS)
     _check_number(config, "checkpoint_every_minutes", 0.0, hint="0 turns it off")
     _check_int(config, "checkpoint_keep", 1, "at least the newest checkpoint is kept")
     _check_number(config, "peak_tflops_per_device", 0.0, hint="0 measures the device's matmul peak")

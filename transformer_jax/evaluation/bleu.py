@@ -1,7 +1,7 @@
 """BLEU three ways: standard sacreBLEU, the paper's tokenized compound-split BLEU, and Multi30k's convention.
 
 Evaluation calls ``score_all(hypotheses, references, lang)``, which returns all three, keyed by
-``PROTOCOLS``; each function below computes one of them.
+``BLEU_PROTOCOLS``; each function below computes one of them.
 
 The paper does not say how its BLEU was computed. Its code (tensor2tensor) shipped
 ``tensor2tensor/utils/get_ende_bleu.sh`` for EN-DE, which fairseq's scaling_nmt README says "was used
@@ -60,14 +60,11 @@ import sacremoses
 from sacrebleu.metrics import BLEU
 
 from transformer_jax.data.text_form import lowercase_moses, moses_tokenizer, punct_normalizer
+from transformer_jax.protocols import BLEU_PROTOCOLS
 
 # perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g', on bytes like perl without -C.
 _COMPOUND_HYPHEN = re.compile(rb"(\S)-(\S)")
 _COMPOUND_SPLIT = rb"\1 ##AT##-##AT## \2"
-
-
-# The protocols that score_all computes, in the order reports print them.
-PROTOCOLS = ("sacrebleu", "tokenized", "multi30k")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,25 +156,25 @@ def multi30k_tokenize(text: str, lang: str) -> str:
 
 def score_all(
     hypotheses: Sequence[str], references: Sequence[str], lang: str, *,
-    protocols: Sequence[str] = PROTOCOLS,
+    protocols: Sequence[str] = BLEU_PROTOCOLS,
 ) -> dict[str, BleuResult]:
-    """Corpus BLEU under each protocol in ``protocols`` (default: all of ``PROTOCOLS``).
+    """Corpus BLEU under each protocol in ``protocols`` (default: all of ``BLEU_PROTOCOLS``).
 
     Args:
       hypotheses: detokenized system outputs, one per sentence.
       references: the raw reference translations, one per sentence.
       lang: target language code ("de", "en", ...), used by the tokenized and multi30k protocols.
-      protocols: a subset of ``PROTOCOLS``, e.g. ``("multi30k",)`` for a quick dev score.
+      protocols: a subset of ``BLEU_PROTOCOLS``, e.g. ``("multi30k",)`` for a quick dev score.
 
     Returns:
       ``{protocol: BleuResult}`` in the order of ``protocols``; ``result.to_dict()`` is JSON-ready.
     """
     if isinstance(protocols, str):
         protocols = (protocols,)
-    unknown = [p for p in protocols if p not in PROTOCOLS]
+    unknown = [p for p in protocols if p not in BLEU_PROTOCOLS]
     if unknown or not protocols:
         raise ValueError(
-            f"unknown BLEU protocol(s) {unknown or list(protocols)}; choose from {list(PROTOCOLS)}")
+            f"unknown BLEU protocol(s) {unknown or list(protocols)}; choose from {list(BLEU_PROTOCOLS)}")
     scorers = {
         "sacrebleu": lambda: sacrebleu_score(hypotheses, references),
         "tokenized": lambda: tokenized_bleu(hypotheses, references, lang),

@@ -88,8 +88,8 @@ def references_and_sources(batches) -> tuple[list[str], list[str]]:
             _in_split_order(batches, [b.source_texts for b in batches]))
 
 
-# A protocol of ``bleu.PROTOCOLS`` -> the key of ``translate_and_score`` (and of evaluate.py's JSON) that
-# holds its score.
+# A protocol of ``protocols.BLEU_PROTOCOLS`` -> the key of ``translate_and_score`` (and of evaluate.py's
+# JSON) that holds its score.
 BLEU_KEYS = {"sacrebleu": "sacrebleu", "tokenized": "tokenized_bleu", "multi30k": "multi30k_bleu"}
 
 
@@ -97,7 +97,7 @@ def translate_and_score(params, model_config: ModelConfig, tokenizer, batches, *
                         beam_size: int = paper.BEAM_SIZE, alpha: float = paper.LENGTH_PENALTY_ALPHA,
                         max_extra_len: int = paper.MAX_EXTRA_LEN,
                         target_lang: str = "de", decode_fn=None) -> dict[str, Any]:
-    """Translations scored under every protocol of ``bleu.PROTOCOLS``, against the raw references.
+    """Translations scored under every protocol of ``protocols.BLEU_PROTOCOLS``, against the raw references.
 
     Returns:
       ``sacrebleu`` (13a, cased), ``tokenized_bleu`` (the paper's compound-split BLEU), ``multi30k_bleu``
