@@ -18,7 +18,7 @@ from transformer_jax.model.config import ModelConfig
 def model_config(**overrides) -> ml_collections.ConfigDict:
     """``config.model``: every settable ModelConfig field at its default (the paper's base), overridden.
 
-    Fields whose default is None (``d_k``, ``d_v``, ``decode_cache_len``: "derive it") become int
+    Fields whose default is None (``d_k``, ``d_v``: "derive it") become int
     placeholders, so ``--config.model.d_k=64`` still parses.
     """
     fields = ModelConfig.settable_defaults()

@@ -18,7 +18,7 @@ ATTENTION_IMPLEMENTATIONS = ("dense", "blockwise")
 ATTENTION_INITS = ("matrix", "narrow")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # Set by the code that runs the model, never by a config.
-MODE_FIELDS = ("deterministic", "decode", "decode_beams")
+MODE_FIELDS = ("deterministic", "decode", "decode_beams", "decode_cache_len")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,12 +51,12 @@ class ModelConfig:
     # for (flax DenseGeneral, fairseq, tensor2tensor); "narrow" takes flax's default axes on the 3-D
     # kernel, which draws W^Q several times narrower (docs/benchmarks.md), so attention starts near uniform.
     attention_init: str = "matrix"
-    decode_cache_len: int | None = None  # decoder self-attention cache length; None: max_len
     dtype: str = "float32"  # compute dtype; parameters are always float32
     attention_witness: bool = False  # check every attention map at run time (debugging, slow)
     deterministic: bool = False  # no dropout
     decode: bool = False  # incremental decoding with a key/value cache
     decode_beams: int = 1  # decode mode: decoder rows per example (beam search), sharing its cache
+    decode_cache_len: int | None = None  # decode mode: self-attention cache positions; None: max_len
 
     def __post_init__(self):
         # Resolve the per-head sizes first so the rest of the code can rely on them.
@@ -112,7 +112,7 @@ class ModelConfig:
     def settable_defaults(cls) -> dict[str, Any]:
         """The fields a run config sets (``config.model``), with their defaults: the paper's base model.
 
-        ``vocab_size`` comes from the tokenizer and the modes (``deterministic``, ``decode``) are set by
+        ``vocab_size`` comes from the tokenizer and the modes (``MODE_FIELDS``) are set by
         the code that runs the model, so neither belongs in a config file.
         """
         return {f.name: f.default for f in dataclasses.fields(cls)
