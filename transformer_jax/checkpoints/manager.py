@@ -7,7 +7,7 @@ A checkpoint directory holds one sub-directory per step (``<directory>/<step>/``
   they come back laid out on the current mesh. Typed PRNG keys (``jax.random.key``) are stored as such.
 * ``data``   - the data iterator's state, a small JSON dict, so a resumed run sees the batches it would have.
 * ``config`` - the run config as JSON, so ``evaluate.py`` can rebuild the model before restoring any arrays.
-* ``integrity`` - JSON: per array its shape, dtype and checksum (``checkpoint_checks.state_digest``), hashes
+* ``integrity`` - JSON: per array its shape, dtype and checksum (``integrity.state_digest``), hashes
   of the other two items, and the caller's metadata (train.py: the tokenizer's sha256).
 
 Restoring (listing steps, falling back past damaged ones) is ``reader.CheckpointReader``, which
@@ -261,7 +261,7 @@ class Checkpointer(CheckpointReader):
         """Starts saving ``state``, ``data_state`` and ``config`` as ``step`` if it is due (or ``force``).
 
         Before saving, one jitted pass over ``state`` computes its checksums and counts non-finite values
-        (``checkpoint_checks.state_digest``); ``metadata`` (a JSON dict) is stored beside them.
+        (``integrity.state_digest``); ``metadata`` (a JSON dict) is stored beside them.
 
         Returns True if a save was started, False if it was not due or ``step`` is already saved. Call it
         every step, or after :meth:`should_save`. All processes must call it together.

@@ -27,9 +27,9 @@ rows, so the shards are disjoint and together complete. The plan needs every pai
 each process tokenizes the whole train split once (minutes for WMT14 on a multi-core host);
 only batch assembly is sharded. batch_multiple must be a multiple of process_count.
 
-Why not grain: grain (0.2.18) has no token-budget bucketing, and its index shuffle costs ~8 us
-per element in Python (~35 s per WMT14 epoch); a NumPy permutation of the whole epoch takes
-milliseconds and keeps the state three integers. Batch assembly is vectorised NumPy, so the
+Why not grain: grain (0.2.18) has no token-budget bucketing, and its index shuffle runs per element in
+Python (docs/benchmarks.md); a NumPy permutation of the whole epoch is one vectorised call and keeps
+the state three integers. Batch assembly is vectorised NumPy, so the
 pipeline needs neither worker processes nor prefetching.
 """
 

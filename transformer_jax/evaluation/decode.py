@@ -80,7 +80,7 @@ def _ban_tokens(scores: Array, t: Array, min_len: Array | int) -> Array:
 
 
 def _argmax(x: Array) -> Array:
-    """int32[n]: first index of the maximum of float32[n, vocab] (as jnp.argmax, ~3x faster on CPU)."""
+    """int32[n]: first index of the maximum of float32[n, vocab] (as jnp.argmax, which is slower on CPU)."""
     is_max = x == jnp.max(x, axis=-1, keepdims=True)  # [n, V]
     return jnp.min(jnp.where(is_max, jnp.arange(x.shape[-1], dtype=jnp.int32), x.shape[-1]), axis=-1)
 
@@ -100,9 +100,8 @@ MIN_COMPACT_ROWS = 16
 def _batch_sizes(batch: int, compact: bool) -> tuple[int, ...]:
     """The row counts the loop runs at: ``batch``, then quarters, e.g. 296 -> (296, 72, 16).
 
-    Each size is one more copy of the loop body to compile (about 2 s for the Multi30k model on 2
-    cores): halving (296, 144, 72, 32, 16) decoded test2016 in 16.9 s against 19.5 s, once compiled,
-    but compiled for 33 s against 18 s (docs/benchmarks.md).
+    Each size is one more copy of the loop body to compile: halving (296, 144, 72, 32, 16) decodes a
+    little faster once compiled but compiles for almost twice as long (docs/benchmarks.md).
     """
     sizes = [batch]
     while compact and (quarter := sizes[-1] // 4 // 8 * 8) >= MIN_COMPACT_ROWS:
@@ -116,8 +115,7 @@ def _run(state, step, *, done, results, select_model_state, first: int, max_len:
     Phase 1 runs against the cache as built (``first`` positions) while ``t < first``; the cache is then
     padded to ``max_len`` positions (``kv_cache.grow_cache``). From then on, whenever no more than the
     next of ``_batch_sizes`` examples are still going, their rows are moved to a batch of that size
-    (``select``) and the rest leave the loop: a step costs about its rows (beam 5 on the Multi30k
-    model, beside a training run: 296, 72 and 16 sentences took 206, 50 and 12 ms a step), and in a
+    (``select``) and the rest leave the loop: a step costs about its rows (docs/benchmarks.md), and in a
     batch of sentences sorted by length most finish long before the last. The done ones are written to
     the results first.
 

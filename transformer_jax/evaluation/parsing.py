@@ -45,7 +45,7 @@ _NONE = "—"
 
 def cache_bytes(model_config: ModelConfig, rows: int, beam_size: int, src_len: int, cache_len: int) -> int:
     """Bytes of the decode cache for ``rows`` sentences: in each decoder layer, self-attention
-    keys/values [rows, heads, beam, cache_len, d_k|d_v] and cross-attention keys/values
+    keys/values [rows, heads, cache_len * beam, d_k|d_v] and cross-attention keys/values
     [rows, heads, src_len, d_k|d_v] (shared by the beams); and the int32 ancestry table
     [rows * beam, cache_len].
 

@@ -1,9 +1,9 @@
 """``jax.lax.top_k`` over a vocabulary, in two short passes: beam search's per-row candidates.
 
 Beam search keeps each decoder row's best 2K tokens every step (``decode._beam_step``): a top-k over
-[rows, vocab]. XLA:CPU's top-k custom call sorts its way through every row, and at 1,480 rows x 8,000
-tokens it cost 37 ms, about a fifth of the Multi30k model's beam step. The same result from two smaller
-top-ks (measured at that shape, with the shift by the row maximum in both: 37 -> 15 ms):
+[rows, vocab]. XLA:CPU's top-k custom call sorts its way through every row, a large share of a beam
+step at the Multi30k model's vocabulary. Two smaller top-ks give the same result in less than half the
+time (docs/benchmarks.md):
 
 1. Split each row into chunks of ``size`` entries and take the k chunks with the largest maxima.
 2. Take the top k of those k * size entries.

@@ -41,9 +41,8 @@ from transformer_jax.runtime.output_file import OutputFile, write_stdout
 
 # The default batch budget: decoder rows x cache positions whose self-attention keys and values take
 # this much memory. 192k positions for the Multi30k model (4 KiB each: 4 layers x 4 heads x (32 + 32)
-# float32), 32k for the base model. Picked on the Multi30k model (2 CPU cores, test2016, beam 5): 2 batch
-# shapes instead of 4 at half the budget, 17% less time with compilation, the same once compiled
-# (docs/benchmarks.md).
+# float32), 32k for the base model. Against half the budget it compiles half the batch shapes for the same
+# speed once compiled (docs/benchmarks.md).
 CACHE_BYTES_PER_BATCH = 768 * 2**20
 _LENGTHS = (8, 16, 24, 32, 40, 48, 56, 64)  # padded source lengths; longer ones grow by 1.25
 _ROW_MULTIPLE = 8

@@ -1,6 +1,6 @@
 """The model's hyperparameters: ``ModelConfig``, the one definition of a Transformer's shape.
 
-Kept apart from ``model.py`` (the Flax modules) so that configs, the sweep grid, the parameter and FLOP
+Kept apart from ``transformer.py`` (the Flax modules) so that configs, the sweep grid, the parameter and FLOP
 counts can build and validate a model's settings without importing Flax.
 """
 

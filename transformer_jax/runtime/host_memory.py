@@ -14,9 +14,8 @@ train (``errors.run_main``) call it first. Set ``TRANSFORMER_JAX_GLIBC_MALLOC=de
 defaults. Elsewhere than on glibc it does nothing.
 
 Decoding is the exception, and its entry points (translate, evaluate.py, ``benchmarks.decoding`` and
-``benchmarks.profile``) keep glibc's defaults: with one arena, the Multi30k model's beam search over
-test2016 compiled in 22 s instead of 18 s and ran in 23.5 s instead of 19.3 s (2 cores, one sitting;
-docs/benchmarks.md), while the train step ran 0.78 s against 1.0-1.1 s with the defaults.
+``benchmarks.profile``) keep glibc's defaults: with one arena, beam search both compiled and ran
+slower, while the train step ran faster (docs/benchmarks.md, "Measurements behind code choices").
 """
 
 from __future__ import annotations
