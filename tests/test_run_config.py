@@ -46,12 +46,20 @@ def test_a_config_saved_before_cooldown_existed_has_none():
     assert run_config.run_config_from_saved(saved).train.cooldown_steps == 0
 
 
-@pytest.mark.parametrize("section, field", [("train", "num_stepz"), ("data", "vocab_sise")])
-def test_an_unknown_field_in_a_saved_config_is_named(section, field):
-    saved = json.loads(json.dumps(dict(run_config.build_run_config(default_config.get_config()).saved)))
+@pytest.mark.parametrize("section, field", [("train", "num_stepz"), ("data", "vocab_sise"),
+                                            ("model", "rotary_dim")])
+def test_a_saved_config_is_read_leniently(section, field):
+    """A field the code no longer has is ignored, and a value a check added since would refuse (here a
+    label smoothing of 1.5) does not lock the checkpoint out; a user's config file is still refused."""
+    run = run_config.build_run_config(default_config.get_config())
+    saved = json.loads(json.dumps(dict(run.saved)))
     saved[section][field] = 1
-    with pytest.raises(ConfigError, match=rf"config\.{section} has unknown fields \['{field}'\]"):
-        run_config.run_config_from_saved(saved)
+    saved["train"]["label_smoothing"] = 1.5
+    again = run_config.run_config_from_saved(saved)
+    assert again.model == run.model and again.data == run.data
+    assert again.train.label_smoothing == 1.5
+    with pytest.raises(ConfigError):
+        run_config.build_run_config(saved, environment=False)
 
 
 @pytest.mark.parametrize("field, value, named", [

@@ -13,8 +13,8 @@ is read or anything compiles, and returns a ``RunConfig`` whose parts go only wh
     RunConfig.sharding    ShardingConfig: the mesh and the logical axis rules
 
 No module below this one takes a ConfigDict. ``RunConfig.saved`` is the plain JSON form (the same nested
-fields as the config file) that checkpoints store; ``run_config_from_saved`` reads it back, with defaults
-for fields that configs saved before them lack.
+fields as the config file) that checkpoints store; ``run_config_from_saved`` reads it back leniently,
+without the validators: fields since removed are ignored, fields since added take their defaults.
 
 Each problem raises ``ConfigError`` (a ``ValueError``) naming the field as it is set on the command
 line (``config.train.learning_rate_scale``) or ``MissingFileError`` naming the file.
@@ -321,14 +321,34 @@ def build_run_config(config: Mapping[str, Any], *, environment: bool = True) -> 
     return run
 
 
-def run_config_from_saved(saved: Mapping[str, Any]) -> RunConfig:
-    """The RunConfig of a checkpoint's saved JSON config; never checks files or devices.
+def _known_fields(cls: type, fields: Mapping[str, Any], where: str) -> Any:
+    """``cls`` built from the entries of ``fields`` that are its fields; the others are ignored."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    try:
+        return cls(**{k: v for k, v in fields.items() if k in names})
+    except TypeError as e:
+        raise ConfigError(f"the saved config's {where} lacks a field without a default ({e})") from None
 
-    Configs saved before ``train.cooldown_steps`` existed get its default (no cooldown).
+
+def run_config_from_saved(saved: Mapping[str, Any]) -> RunConfig:
+    """The RunConfig of a checkpoint's saved JSON config, read leniently.
+
+    The config was checked when it was saved, so the validators do not run again (a check added since
+    must not lock out earlier checkpoints); nothing is read from files or devices. Fields the code no
+    longer has are ignored, and fields added since take their defaults.
     """
     saved = _plain(saved)
-    saved.setdefault("train", {}).setdefault("cooldown_steps", 0)
-    return build_run_config(saved, environment=False)
+    data_fields = dict(saved["data"])
+    data_fields["length_buckets"] = tuple(data_fields.get("length_buckets", ()))
+    data = _known_fields(DataConfig, data_fields, "data")
+    model = _known_fields(ModelConfig, {**saved["model"], "vocab_size": data.vocab_size}, "model")
+    groups = {group: _known_fields(cls, saved, group) for group, cls in _TOP_LEVEL_GROUPS.items()}
+    sharding_config = ShardingConfig(
+        mesh_shape=tuple(saved["sharding"]["mesh_shape"]),
+        logical_axis_rules=tuple(tuple(rule) for rule in saved["sharding"]["logical_axis_rules"]))
+    return RunConfig(name=saved["name"], seed=saved["seed"], model=model, data=data,
+                     train=_known_fields(TrainConfig, saved["train"], "train"), sharding=sharding_config,
+                     saved=saved, **groups)
 
 
 def define_config_file(name: str, default: str, help_string: str, **kwargs: Any):

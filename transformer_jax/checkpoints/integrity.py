@@ -182,7 +182,7 @@ COMPARED_SECTIONS = ("model",)
 COMPARED_DATA_FIELDS = ("vocab_size", "vocab_type")
 # How step 0 draws the arrays, or how a step computes with them (precision, attention kernel, dropout,
 # decoding), not their shapes or meaning: a resume may change these (``run_time_differences`` lists them
-# for a notice), and configs saved before a field existed lack it.
+# for a notice).
 RUN_TIME_FIELDS = tuple(f"model.{name}" for name in (
     "attention_init", "dropout_rate", "attention_dropout_rate", "attention_impl", "attention_block_size",
     "decode_cache_len", "dtype", "attention_witness", "deterministic", "decode", "decode_beams"))

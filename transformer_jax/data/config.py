@@ -143,10 +143,8 @@ class DataConfig:
 
     @classmethod
     def from_mapping(cls, fields: Mapping[str, Any]) -> DataConfig:
-        """A DataConfig from a ``data`` section (a ConfigDict or a checkpoint's JSON); unknown keys fail.
-
-        Fields absent from ``fields`` (configs saved before they existed) take their defaults.
-        """
+        """A DataConfig from a config file's ``data`` section; unknown keys fail, absent ones take their
+        defaults. (A checkpoint's saved config is read leniently: ``run_config.run_config_from_saved``.)"""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(fields) - known)
         if unknown:

@@ -71,11 +71,10 @@ RAW = TextForm()
 
 
 def text_form_of(data_config: Any) -> TextForm:
-    """The ``TextForm`` of a data config (``text_form`` absent, as in configs saved before it: 'raw')."""
-    name = getattr(data_config, "text_form", "raw")
-    if name == "raw":
+    """The ``TextForm`` of a ``DataConfig``."""
+    if data_config.text_form == "raw":
         return RAW
-    return TextForm(name, data_config.src_lang, data_config.tgt_lang)
+    return TextForm(data_config.text_form, data_config.src_lang, data_config.tgt_lang)
 
 
 def lowercase_moses(text: str, lang: str, *, escape: bool) -> str:
