@@ -361,6 +361,7 @@ class _Model:
     engine: str
     tokens_per_batch: int | None = None  # the JAX engine's batch budget
     decode_fn: Callable[..., list[np.ndarray]] | None = None  # another engine's decode_ids
+    compute_type: str | None = None  # CTranslate2's, as it runs on this machine
 
 
 def _jax_model(workdir: str, step, average_last, tokens_per_batch) -> _Model:
@@ -402,7 +403,8 @@ def _exported_model(workdir: str, export_dir, step, average_last, threads) -> _M
     decoding = record["decoding"]
     defaults = Settings(decoding["beam_size"], decoding["alpha"], decoding["max_extra_len"])
     return _Model(None, ModelConfig(**record["model"]), tokenizer, defaults, record["step"],
-                  record["average_last"], "ctranslate2", decode_fn=engine.decode_ids)
+                  record["average_last"], "ctranslate2", decode_fn=engine.decode_ids,
+                  compute_type=engine.compute_type)
 
 
 def _latest_checkpoint_step(workdir: str) -> int | None:
@@ -439,4 +441,5 @@ def _translate_lines(model: _Model, lines: list[str], output: OutputFile | None,
     return {"num_sentences": len(lines), "decode_seconds": seconds,
             "sentences_per_second": len(lines) / seconds, "target_tokens_per_second": target_tokens / seconds,
             "beam_size": settings.beam_size, "alpha": settings.alpha, "step": model.step,
-            "average_last": model.average_last, "engine": model.engine}
+            "average_last": model.average_last, "engine": model.engine,
+            **({"compute_type": model.compute_type} if model.compute_type else {})}
