@@ -13,7 +13,7 @@ import json
 
 from absl import flags, logging
 
-from transformer_jax.evaluation import paper, scoring
+from transformer_jax.evaluation import paper, workdir_scoring
 from transformer_jax.runtime import compile_cache, errors
 
 _WORKDIR = flags.DEFINE_string("workdir", "workdir", "A train.py workdir.")
@@ -65,7 +65,7 @@ _OVERWRITE = flags.DEFINE_bool(
 def main(argv):
     logging.set_verbosity(logging.WARNING)  # as train.py: warnings (e.g. skipped blank pairs), no info
     compile_cache.enable(_COMPILATION_CACHE_DIR.value)
-    results = scoring.evaluate_workdir(
+    results = workdir_scoring.evaluate_workdir(
         _WORKDIR.value, step=_STEP.value, average_last=_AVERAGE_LAST.value, split=_SPLIT.value,
         source_file=_SOURCE_FILE.value, reference_file=_REFERENCE_FILE.value,
         beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value, max_extra_len=_MAX_EXTRA_LEN.value,

@@ -12,7 +12,7 @@ from tiny import config_with, untrained_workdir
 
 from transformer_jax import data as data_lib
 from transformer_jax import run_config
-from transformer_jax.evaluation import scoring
+from transformer_jax.evaluation import workdir_scoring
 from transformer_jax.runtime.errors import ConfigError, DataError, UserError
 from transformer_jax.training import loop
 
@@ -89,20 +89,20 @@ def test_source_and_reference_files_name_the_outputs(workdir, tmp_path):
 
 def test_average_last(workdir):
     path, _ = workdir
-    single = scoring.evaluate_workdir(path, split="test", beam_size=1, max_extra_len=4)
-    averaged = scoring.evaluate_workdir(path, split="test", average_last=2, beam_size=1,
+    single = workdir_scoring.evaluate_workdir(path, split="test", beam_size=1, max_extra_len=4)
+    averaged = workdir_scoring.evaluate_workdir(path, split="test", average_last=2, beam_size=1,
                                            max_extra_len=4)
     assert [os.path.basename(p) for p in averaged["outputs"]] == ["test-4-avg2.txt", "test-4-avg2.json"]
     assert averaged["average_last"] == 2 and averaged["step"] == single["step"] == 4
     assert averaged["ppl"] != pytest.approx(single["ppl"], rel=1e-6)  # other parameters were scored
     with pytest.raises(ConfigError, match=r"--average_last=3 needs 3 checkpoints .* found 2: \[2, 4\]"):
-        scoring.evaluate_workdir(path, split="test", average_last=3, beam_size=1)
+        workdir_scoring.evaluate_workdir(path, split="test", average_last=3, beam_size=1)
     with pytest.raises(ConfigError, match=r"--average_last=-1"):
-        scoring.evaluate_workdir(path, average_last=-1)
+        workdir_scoring.evaluate_workdir(path, average_last=-1)
     # --overwrite replaces a result; without it the same call is refused.
     with pytest.raises(UserError, match=r"test-4\.json exists"):
-        scoring.evaluate_workdir(path, split="test", beam_size=1, max_extra_len=4)
-    again = scoring.evaluate_workdir(path, split="test", beam_size=1, max_extra_len=4, overwrite=True)
+        workdir_scoring.evaluate_workdir(path, split="test", beam_size=1, max_extra_len=4)
+    again = workdir_scoring.evaluate_workdir(path, split="test", beam_size=1, max_extra_len=4, overwrite=True)
     assert again["ppl"] == pytest.approx(single["ppl"], rel=1e-6)
 
 
@@ -111,10 +111,10 @@ def test_a_line_too_long_to_decode_names_the_file_and_line(workdir, tmp_path):
     long_line = " ".join([pairs[0][0]] * 200)  # far beyond model.max_len=256 minus 4 output positions
     src, ref = _write_pair(tmp_path, "long", [pairs[0], ("", ""), (long_line, pairs[1][1])])
     with pytest.raises(DataError, match=rf"{src}:3: the source has \d+ tokens .* more than the 252"):
-        scoring.evaluate_workdir(path, source_file=src, reference_file=ref, beam_size=1,
+        workdir_scoring.evaluate_workdir(path, source_file=src, reference_file=ref, beam_size=1,
                                     max_extra_len=4, output_dir=str(tmp_path / "out"))
     with pytest.raises(ConfigError, match=r"--max_extra_len=500: .* --max_extra_len=192 or less"):
-        scoring.evaluate_workdir(path, max_extra_len=500, output_dir=str(tmp_path / "out"))
+        workdir_scoring.evaluate_workdir(path, max_extra_len=500, output_dir=str(tmp_path / "out"))
 
 
 def test_an_unwritable_output_folder_fails_before_restoring(workdir, tmp_path):
@@ -122,7 +122,7 @@ def test_an_unwritable_output_folder_fails_before_restoring(workdir, tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
     with pytest.raises(UserError, match=r"cannot write the results to .*a_file/eval.*--output_dir"):
-        scoring.evaluate_workdir(path, output_dir=str(blocker / "eval"))
+        workdir_scoring.evaluate_workdir(path, output_dir=str(blocker / "eval"))
 
 
 @pytest.fixture(scope="module")
@@ -145,8 +145,8 @@ def test_average_last_defaults_to_the_runs_final_average_last(averaging_workdir,
         "scored the mean of the 2 checkpoints at steps 2, 4 (the run's final_average_last=2)")
 
     # The same scores as asking for it; --average_last=1 scores step 4 alone, and says so.
-    explicit = scoring.evaluate_workdir(path, split="dev", average_last=2, beam_size=1, max_extra_len=4,
-                                        output_dir=str(tmp_path / "explicit"))
+    explicit = workdir_scoring.evaluate_workdir(path, split="dev", average_last=2, beam_size=1,
+                                                max_extra_len=4, output_dir=str(tmp_path / "explicit"))
     assert explicit["ppl"] == pytest.approx(written["ppl"], rel=1e-6)
     alone = _evaluate(f"--workdir={path}", "--split=dev", "--average_last=1", *FAST)
     assert alone.returncode == 0, alone.stderr
@@ -161,9 +161,9 @@ def test_the_default_average_names_its_source_when_too_few_checkpoints(averaging
     with pytest.raises(ConfigError, match=(
             r"--average_last=2 \(the default: the run's final_average_last\) needs 2 checkpoints "
             r"up to step 2 .* found 1: \[2\]; pass --average_last=1 to score step 2 alone")):
-        scoring.evaluate_workdir(averaging_workdir, step=2, beam_size=1, max_extra_len=4,
+        workdir_scoring.evaluate_workdir(averaging_workdir, step=2, beam_size=1, max_extra_len=4,
                                  output_dir=str(tmp_path / "out"))
-    scored = scoring.evaluate_workdir(averaging_workdir, step=2, average_last=1, beam_size=1,
+    scored = workdir_scoring.evaluate_workdir(averaging_workdir, step=2, average_last=1, beam_size=1,
                                       max_extra_len=4, output_dir=str(tmp_path / "out"))
     assert scored["averaged_steps"] == [2]
 
@@ -175,8 +175,8 @@ def test_a_parsing_average_is_written_beside_the_single_checkpoint_result(tmp_pa
     untrained_workdir(config_with({**TINY, "data.source": "synthetic_trees", "data.synthetic_dev_size": 3}),
                       path, steps=(1, 2))
     settings = {"split": "dev", "beam_size": 1, "max_extra_len": 4}
-    single = scoring.evaluate_workdir(path, average_last=1, **settings)
-    averaged = scoring.evaluate_workdir(path, average_last=2, **settings)
+    single = workdir_scoring.evaluate_workdir(path, average_last=1, **settings)
+    averaged = workdir_scoring.evaluate_workdir(path, average_last=2, **settings)
     assert [os.path.basename(p) for p in single["outputs"]] == ["dev-2.txt", "dev-2.json"]
     assert [os.path.basename(p) for p in averaged["outputs"]] == ["dev-2-avg2.txt", "dev-2-avg2.json"]
     assert sorted(os.listdir(os.path.join(path, "eval"))) == [
@@ -184,4 +184,4 @@ def test_a_parsing_average_is_written_beside_the_single_checkpoint_result(tmp_pa
     with open(os.path.join(path, "eval", "dev-2.json")) as f:
         assert json.load(f)["average_last"] == 1  # not replaced by the average
     with pytest.raises(UserError, match=r"dev-2-avg2\.json exists"):
-        scoring.evaluate_workdir(path, average_last=2, **settings)
+        workdir_scoring.evaluate_workdir(path, average_last=2, **settings)

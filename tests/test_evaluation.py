@@ -11,7 +11,7 @@ from tiny import config_with, untrained_workdir
 
 from transformer_jax import data as data_lib
 from transformer_jax.checkpoints import restore
-from transformer_jax.evaluation import decode, scoring
+from transformer_jax.evaluation import decode, scoring, workdir_scoring
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import PAD_ID
@@ -141,7 +141,7 @@ def test_averaged_params_are_the_mean_of_the_last_n_up_to_the_step(workdir):
 
 def test_evaluate_workdir_writes_translations_and_numbers(workdir):
     path, _ = workdir
-    results = scoring.evaluate_workdir(path, split="dev", beam_size=2, max_extra_len=3)
+    results = workdir_scoring.evaluate_workdir(path, split="dev", beam_size=2, max_extra_len=3)
     txt, js = results["outputs"]
     assert (txt, js) == (os.path.join(path, "eval", "dev-3.txt"), os.path.join(path, "eval", "dev-3.json"))
     with open(txt) as f:
@@ -156,4 +156,4 @@ def test_evaluate_workdir_writes_translations_and_numbers(workdir):
     assert written["sentences_per_second"] == pytest.approx(7 / written["decode_seconds"], rel=0.01,
                                                             abs=0.006)
     with pytest.raises(ValueError, match="reference_file"):
-        scoring.evaluate_workdir(path, source_file=txt)
+        workdir_scoring.evaluate_workdir(path, source_file=txt)

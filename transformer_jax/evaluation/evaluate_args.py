@@ -46,7 +46,7 @@ def check_writable(output_dir: str) -> None:
 def check_arguments(workdir: str, *, step: int | None, average_last: int, split: str,
                     source_file: str | None, reference_file: str | None, beam_size: int | None,
                     alpha: float | None, max_extra_len: int | None, output_dir: str) -> None:
-    """Every argument of ``evaluation.evaluate_workdir``, before anything is restored.
+    """Every argument of ``workdir_scoring.evaluate_workdir``, before anything is restored.
 
     Raises:
       ConfigError: a flag out of range, or --source_file without --reference_file (or the reverse).

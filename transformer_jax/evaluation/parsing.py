@@ -15,7 +15,7 @@ decoder and checkpoints are the translation ones. What differs is here:
 - the report: this run beside the paper's Table 4 (``paper.TABLE4``), with a plain statement of
   when the numbers are not comparable.
 
-``tasks.ParsingTask`` and ``scoring.evaluate_workdir`` dispatch here when
+``tasks.ParsingTask`` and ``workdir_scoring.evaluate_workdir`` dispatch here when
 ``data.is_parsing(config.data)``; the training loop's periodic dev F1 is ``dev_scores``.
 """
 
@@ -183,7 +183,7 @@ def evaluate_restored(restored, params, batches, ppl: dict, *, split: str, avera
                       averaged_steps: list[int] | None = None, source_file: str | None,
                       beam_size: int, alpha: float, max_extra_len: int,
                       outputs: tuple[str, str]) -> dict[str, Any]:
-    """``evaluation.evaluate_workdir`` for a parsing run: F1 and friends, outputs written, Table 4.
+    """``workdir_scoring.evaluate_workdir`` for a parsing run: F1 and friends, outputs written, Table 4.
 
     Writes the decoded trees (repaired bracket strings are not written: the raw outputs are) and the
     numbers to ``outputs``, the (.txt, .json) paths ``evaluate_workdir`` claimed for this result

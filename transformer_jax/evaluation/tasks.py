@@ -1,12 +1,15 @@
 """The task a run trains for, chosen once from its data config: translation (BLEU) or parsing (F1).
 
-A task gives the two evaluations the training loop runs, so the loop never branches on the task:
+A task gives the two evaluations the training loop runs and the one evaluate.py runs, so neither
+branches on the task:
 
     task = task_for(data_config)
-    task.dev_scores(params, ...)      # periodic dev evaluation: greedy BLEU, or greedy bracket F1
-    task.final_report(params, ...)    # end of training, on eval.final_eval_split: BLEU or F1 and Table 4
+    task.dev_scores(params, ...)        # periodic dev evaluation: greedy BLEU, or greedy bracket F1
+    task.final_report(params, ...)      # end of training, on eval.final_eval_split: BLEU or F1 and Table 4
+    task.evaluate_restored(restored, ...)  # evaluate.py: scores and outputs written
 
-Both return flat ``{name: number}`` dicts that the loop logs and ``paper_tables.final_summary`` prints.
+The first two return flat ``{name: number}`` dicts that the loop logs and ``paper_tables.final_summary``
+prints.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from transformer_jax.run_config import EvalConfig
 
 class Task(Protocol):
     name: str
+    engines: tuple[str, ...]  # the decoders evaluate.py may use (``translation.ENGINES``)
 
     def dev_scores(self, params: Any, model_config: ModelConfig, tokenizer: data_lib.Tokenizer,
                    data: DataConfig, eval_config: EvalConfig, batches: list) -> dict[str, float]:
@@ -33,10 +37,15 @@ class Task(Protocol):
                      run_name: str) -> dict[str, Any]:
         """Scores on ``batches`` of ``split`` with the final beam settings, keyed ``{split}_<measure>``."""
 
+    def evaluate_restored(self, restored: Any, params: Any, batches: list, ppl: dict,
+                          **settings: Any) -> dict[str, Any]:
+        """evaluate.py's scores of a restored workdir, its outputs written (``scoring.evaluate_restored``)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class TranslationTask:
     name: str = "translation"
+    engines: tuple[str, ...] = ("jax", "ctranslate2")
 
     def dev_scores(self, params, model_config, tokenizer, data, eval_config, batches):
         scores = scoring.translate_and_score(
@@ -68,9 +77,14 @@ class TranslationTask:
         return results
 
 
+    def evaluate_restored(self, restored, params, batches, ppl, **settings):
+        return scoring.evaluate_restored(restored, params, batches, ppl, **settings)
+
+
 @dataclasses.dataclass(frozen=True)
 class ParsingTask:
     name: str = "parsing"
+    engines: tuple[str, ...] = ("jax",)  # the tree constraint is JAX's
 
     def dev_scores(self, params, model_config, tokenizer, data, eval_config, batches):
         return parsing.dev_scores(params, model_config, tokenizer, data, batches,
@@ -83,6 +97,12 @@ class ParsingTask:
             params, model_config, tokenizer, data, batches, split=split,
             beam_size=eval_config.final_beam_size, alpha=eval_config.final_alpha,
             max_extra_len=eval_config.final_max_extra_len, config_name=run_name)
+
+
+    def evaluate_restored(self, restored, params, batches, ppl, *, decode_fn=None, engine="jax",
+                          engine_info=None, reference_file=None, **settings):
+        del decode_fn, engine, engine_info, reference_file  # JAX's tree-constrained search; no files
+        return parsing.evaluate_restored(restored, params, batches, ppl, **settings)
 
 
 def task_for(data: DataConfig) -> Task:
