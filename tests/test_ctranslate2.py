@@ -8,6 +8,7 @@ the same comparison. The export and translate commands run end to end on a tiny 
 """
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -28,7 +29,7 @@ from transformer_jax.model.special_ids import EOS_ID, PAD_ID
 from transformer_jax.runtime.errors import ConfigError
 
 try:
-    import ctranslate2  # noqa: F401
+    import ctranslate2
 except ImportError:
     if os.environ.get("CI"):
         raise  # CI installs the test extra, which includes ctranslate2
@@ -66,8 +67,10 @@ def _reversal_batch(rng, n: int, vocab_size: int) -> tuple[np.ndarray, np.ndarra
     return sources, targets
 
 
+@functools.cache
 def _train(cfg: ModelConfig, steps: int = 300):
-    """Parameters of ``cfg`` after ``steps`` Adam steps on word reversal (loss about 0.3-0.8)."""
+    """Parameters of ``cfg`` after ``steps`` Adam steps on word reversal (loss about 0.3-0.8); cached, so
+    the tests of one model train it once."""
     model = model_lib.Transformer(cfg.replace(deterministic=True))
     params = model_lib.init_params(cfg, rng=jax.random.key(1))
     optimizer = optax.adam(3e-3)
@@ -196,6 +199,33 @@ def test_a_model_field_the_export_does_not_know_is_refused(pieces):
 
     with pytest.raises(ConfigError, match="does not know the model field rotary_positions=True"):
         ctranslate2_engine.check_exportable(NewModelConfig(vocab_size=len(pieces), d_model=32, num_heads=4))
+
+
+def test_bfloat16_export_halves_the_weights_without_torch(pieces, tmp_path):
+    """CTranslate2 casts to bfloat16 through PyTorch; the export casts with ml_dtypes instead. On this CPU
+    (no bfloat16 kernels) the model computes in float32, so it decodes exactly as a float32 export of the
+    weights rounded to bfloat16."""
+    import ml_dtypes
+
+    if "bfloat16" in ctranslate2.get_supported_compute_types("cpu"):
+        pytest.skip("this CPU computes in bfloat16, so outputs may differ from float32's")
+    cfg = _model_config(len(pieces))
+    params = _train(cfg)
+    rounded = jax.tree.map(lambda x: x.astype(ml_dtypes.bfloat16).astype(np.float32), params)
+    sources, _ = _reversal_batch(np.random.default_rng(9), 32, cfg.vocab_size)
+    ids = [row[:list(row).index(EOS_ID) + 1] for row in sources]
+    sizes, outputs = {}, {}
+    for name, weights, quantization in (("bfloat16", params, "bfloat16"), ("rounded", rounded, "float32")):
+        out_dir = tmp_path / name
+        ctranslate2_engine.write_model(weights, cfg, str(out_dir), pieces=pieces, quantization=quantization,
+                                       record={})
+        sizes[name] = os.path.getsize(out_dir / "model.bin")
+        engine = ctranslate2_engine.Engine(str(out_dir), threads=1)
+        assert engine.compute_type == "float32"
+        outputs[name] = engine.decode_ids(ids, translation.Settings(beam_size=1, max_extra_len=5))
+    for ours, theirs in zip(outputs["bfloat16"], outputs["rounded"], strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+    assert 0.45 < sizes["bfloat16"] / sizes["rounded"] < 0.55
 
 
 def test_missing_ctranslate2_is_one_line_saying_what_to_install(monkeypatch):

@@ -213,6 +213,8 @@ def write_model(params: Mapping[str, Any], model_config, out_dir: str, *, pieces
         raise ConfigError(f"the vocabulary has {len(pieces)} pieces but the model's has "
                           f"{model_config.vocab_size}; export with the run's own tokenizer")
     spec = model_spec(params, model_config, pieces)
+    if quantization == "bfloat16":
+        _to_bfloat16(spec)
     spec.validate()
     spec.optimize(quantization=quantization)
     out_dir = os.path.abspath(out_dir)
@@ -234,6 +236,19 @@ def write_model(params: Mapping[str, Any], model_config, out_dir: str, *, pieces
         shutil.rmtree(previous, ignore_errors=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _to_bfloat16(spec) -> None:
+    """Casts the spec's float32 arrays to bfloat16 with ml_dtypes (a JAX dependency): CTranslate2's own cast
+    needs PyTorch."""
+    import ml_dtypes
+    from ctranslate2.specs import model_spec as ct2_model_spec
+
+    def cast(layer, scoped_name: str, value) -> None:
+        if isinstance(value, np.ndarray) and value.dtype == np.float32:
+            setattr(layer, scoped_name.split("/")[-1], value.astype(ml_dtypes.bfloat16))
+
+    ct2_model_spec.visit_spec(spec, cast)
 
 
 def workdir_pieces(tokenizer) -> list[str]:
