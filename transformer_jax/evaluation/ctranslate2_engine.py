@@ -293,7 +293,7 @@ class Engine:
     def __init__(self, model_dir: str, *, threads: int = 0, compute_type: str = "default",
                  max_batch_size: int = 64):
         ctranslate2 = import_ctranslate2()
-        self.record = read_record(model_dir)
+        read_record(model_dir)  # an export of ours, or the error saying how to make one
         self.translator = ctranslate2.Translator(model_dir, device="cpu", compute_type=compute_type,
                                                  inter_threads=1, intra_threads=threads)
         with open(os.path.join(model_dir, VOCABULARY_FILE)) as f:
