@@ -10,7 +10,6 @@ the same comparison. The export and translate commands run end to end on a tiny 
 import dataclasses
 import functools
 import json
-import math
 import os
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import jax
 import numpy as np
 import optax
 import pytest
-from tiny import config_with, untrained_workdir
+from tiny import config_with, random_params, untrained_workdir
 
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.evaluation import ctranslate2_engine, translation
@@ -93,25 +92,6 @@ def _train(cfg: ModelConfig, steps: int = 300):
     return jax.tree.map(np.asarray, params)
 
 
-def _large_random_params(cfg: ModelConfig):
-    """Untrained parameters drawn wide (kernels N(0, 1 / fan_in), embedding N(0, 1), LayerNorm scales and
-    offsets away from 1 and 0), so that outputs are long and often reach their length limit."""
-    shapes = jax.eval_shape(lambda key: model_lib.init_params(cfg, rng=key), jax.random.key(0))
-    rng = np.random.default_rng(5)
-
-    def draw(path, leaf):
-        noise = rng.standard_normal(leaf.shape)
-        if leaf.ndim > 1 and path[-1].key != "embedding":
-            noise /= math.sqrt(math.prod(leaf.shape[:-1]))
-        elif path[-1].key == "scale":
-            noise = 1.0 + 0.5 * noise
-        else:
-            noise = 0.5 * noise
-        return noise.astype(np.float32)
-
-    return jax.tree_util.tree_map_with_path(draw, shapes)
-
-
 def _teacher_forced_log_probs(params, cfg: ModelConfig, source: np.ndarray, output: np.ndarray) -> np.ndarray:
     """float[n]: our model's log P of each token of ``output`` (up to and including EOS, no PAD)."""
     output = output[output != PAD_ID]
@@ -158,7 +138,7 @@ def test_outputs_that_reach_their_length_limit_are_equal(pieces, tmp_path):
     """Wide random weights: outputs run to ``source length + max_extra_len`` without EOS, cut per
     sentence as ours are, although CTranslate2 takes one length limit per call."""
     cfg = _model_config(len(pieces), d_k=16, d_v=16)
-    differing, largest, outputs = _witness(_large_random_params(cfg), cfg, pieces,
+    differing, largest, outputs = _witness(random_params(cfg, seed=5, unit_embedding=True), cfg, pieces,
                                            str(tmp_path / "model"), max_extra_len=3)
     assert differing == 0
     assert largest <= SCORE_TOLERANCE

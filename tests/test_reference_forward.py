@@ -22,6 +22,7 @@ import math
 import jax
 import numpy as np
 import pytest
+from tiny import random_params
 
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.model.config import ModelConfig
@@ -38,26 +39,6 @@ def _config(norm_style: str, position_encoding: str) -> ModelConfig:
     return ModelConfig(vocab_size=VOCAB, d_model=D_MODEL, d_ff=D_FF, num_heads=NUM_HEADS, d_k=D_K, d_v=D_V,
                        num_encoder_layers=1, num_decoder_layers=1, max_len=MAX_LEN, dropout_rate=0.1,
                        norm_style=norm_style, position_encoding=position_encoding, deterministic=True)
-
-
-def _random_params(cfg: ModelConfig, seed: int):
-    """Parameters in the model's own tree (shapes from tracing ``init_params``; nothing is compiled), drawn
-    from NumPy: float32 kernels N(0, 1 / fan_in) with fan_in all axes but the last, and LayerNorm scales,
-    offsets and FFN biases away from 1 and 0."""
-    shapes = jax.eval_shape(lambda key: model_lib.init_params(cfg, rng=key), jax.random.key(0))
-    rng = np.random.default_rng(seed)
-
-    def draw(path, leaf):
-        noise = rng.standard_normal(leaf.shape)
-        if leaf.ndim > 1:
-            noise /= math.sqrt(math.prod(leaf.shape[:-1]))
-        elif path[-1].key == "scale":
-            noise = 1.0 + 0.5 * noise
-        else:
-            noise = 0.5 * noise
-        return noise.astype(np.float32)
-
-    return jax.tree_util.tree_map_with_path(draw, shapes)
 
 
 def _batch(seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -202,7 +183,7 @@ def reference_logits(params, src: np.ndarray, tgt: np.ndarray, cfg: ModelConfig)
 @pytest.mark.parametrize("norm_style", ["post", "pre"])
 def test_forward_matches_numpy_reference(norm_style, position_encoding):
     cfg = _config(norm_style, position_encoding)
-    params = _random_params(cfg, seed=7)
+    params = random_params(cfg, seed=7)
     src, tgt = _batch(seed=11)
     assert (src == PAD_ID).any(axis=1).tolist() == [False, True, True]  # the padding mask is exercised
     model = model_lib.Transformer(cfg)

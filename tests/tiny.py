@@ -1,6 +1,7 @@
 """Shared by the end-to-end tests: the default config with overrides, locked like train.py locks it."""
 
 import json
+import math
 
 import jax
 import numpy as np
@@ -10,6 +11,7 @@ from transformer_jax import data as data_lib
 from transformer_jax import run_config
 from transformer_jax.checkpoints import restore
 from transformer_jax.checkpoints.manager import Checkpointer
+from transformer_jax.model import transformer as model_lib
 from transformer_jax.runtime import sharding
 from transformer_jax.training import train_state
 
@@ -66,3 +68,24 @@ def untrained_workdir(config, workdir: str, steps=(1,)) -> dict:
             ckpt.save(step, scaled, data_state={}, config=json.loads(config.to_json_best_effort()),
                       force=True)
     return saved
+
+
+def random_params(cfg, seed: int, *, unit_embedding: bool = False):
+    """Parameters of ``Transformer(cfg)`` in the model's own tree (shapes from tracing ``init_params``;
+    nothing is compiled), drawn from NumPy: float32 kernels N(0, 1 / fan_in) with fan_in all axes but the
+    last, and LayerNorm scales, offsets and FFN biases away from 1 and 0. ``unit_embedding``: the
+    embedding N(0, 1), which makes the logits wide (an untrained model's outputs then run long)."""
+    shapes = jax.eval_shape(lambda key: model_lib.init_params(cfg, rng=key), jax.random.key(0))
+    rng = np.random.default_rng(seed)
+
+    def draw(path, leaf):
+        noise = rng.standard_normal(leaf.shape)
+        if leaf.ndim > 1 and not (unit_embedding and path[-1].key == "embedding"):
+            noise /= math.sqrt(math.prod(leaf.shape[:-1]))
+        elif leaf.ndim == 1 and path[-1].key == "scale":
+            noise = 1.0 + 0.5 * noise
+        elif leaf.ndim == 1:
+            noise = 0.5 * noise
+        return noise.astype(np.float32)
+
+    return jax.tree_util.tree_map_with_path(draw, shapes)

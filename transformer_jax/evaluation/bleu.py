@@ -15,7 +15,7 @@ in the original AIAYN code". That script, which ``tokenized_bleu`` reproduces, d
 
 ``sacrebleu_score`` is the number to quote for comparison with other work (Post, 2018): detokenized
 output against the untouched reference, sacreBLEU's own 13a tokenizer, cased, exponential smoothing.
-On the same outputs it typically reads about 0.7-1.9 BLEU lower than the compound-split number.
+On the same outputs it reads lower than the compound-split number (by how much: docs/reference.md).
 
 How ``tokenized_bleu`` follows the script, and why:
 
