@@ -13,7 +13,7 @@ import json
 
 from absl import flags, logging
 
-from transformer_jax.evaluation import paper, workdir_scoring
+from transformer_jax.evaluation import ctranslate2_engine, paper, translation, workdir_scoring
 from transformer_jax.runtime import compile_cache, errors
 
 _WORKDIR = flags.DEFINE_string("workdir", "workdir", "A train.py workdir.")
@@ -51,13 +51,13 @@ _OUTPUT_DIR = flags.DEFINE_string(
 _COMPILATION_CACHE_DIR = flags.DEFINE_string(
     "compilation_cache_dir", compile_cache.DEFAULT_DIR, compile_cache.FLAG_HELP)
 _ENGINE = flags.DEFINE_enum(
-    "engine", "jax", ["jax", "ctranslate2"],
+    "engine", "jax", list(translation.ENGINES),
     "Decoder: jax (the reference) or ctranslate2 (the averaged parameters exported to a temporary "
     "CTranslate2 model; needs pip install -e \".[serve]\"); outputs are named <...>-ctranslate2.")
 _THREADS = flags.DEFINE_integer("threads", None, "--engine=ctranslate2: CPU threads (default: all cores).")
-_QUANTIZATION = flags.DEFINE_string(
-    "quantization", None, "--engine=ctranslate2: weight type (float32, int8, int8_float32, bfloat16); "
-    "default: the export's (float32 below d_model 256, int8 from it).")
+_QUANTIZATION = flags.DEFINE_enum(
+    "quantization", None, list(ctranslate2_engine.QUANTIZATIONS),
+    "--engine=ctranslate2: weight type; default: the export's (float32 below d_model 256, int8 from it).")
 _OVERWRITE = flags.DEFINE_bool(
     "overwrite", False, "Replace an existing result of the same step and inputs (otherwise an error).")
 

@@ -131,7 +131,6 @@ def _check_engine(engine: str, threads: int | None, quantization: str | None) ->
                           f"{', '.join(ctranslate2_engine.QUANTIZATIONS)}")
 
 
-
 def _decodable_length(model_config: ModelConfig, data_config, max_extra_len: int) -> int:
     """The longest padded input that leaves room for ``max_extra_len`` output positions.
 
