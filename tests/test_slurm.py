@@ -73,13 +73,20 @@ def _job_fields(cluster, job: str) -> list[dict]:
             for line in out.splitlines() if line.strip()]
 
 
-def _wait_for(cluster, job: str, timeout: float = 400) -> list[dict]:
-    """Waits until every task of ``job`` has ended; returns their fields."""
+# Slurm's final job states; any other (PENDING, RUNNING, SIGNALING, REQUEUED, ...) is still on its way.
+ENDED_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+                "BOOT_FAIL", "DEADLINE")
+
+
+def _wait_for(cluster, job: str, timeout: float = 900) -> list[dict]:
+    """Waits until every task of ``job`` has ended; returns their fields.
+
+    A loaded 2-core machine can need a dozen requeues of 25-55 s each for a time-limit test.
+    """
     deadline = time.time() + timeout
     while time.time() < deadline:
         tasks = _job_fields(cluster, job)
-        if tasks and all(t["JobState"] not in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING",
-                                               "CONFIGURING", "SUSPENDED") for t in tasks):
+        if tasks and all(t["JobState"] in ENDED_STATES for t in tasks):
             return tasks
         time.sleep(1)
     raise AssertionError(f"job {job} still running after {timeout} s: {_job_fields(cluster, job)}")
