@@ -1,4 +1,5 @@
-"""Tests for transformer_jax.checkpoints.manager: round trip, retention, schedule, damage, averaging."""
+"""Tests for transformer_jax.checkpoints (manager and reader): round trip, retention, schedule, damage,
+averaging."""
 
 import glob
 import logging
@@ -17,8 +18,8 @@ from transformer_jax.checkpoints import integrity as checks
 from transformer_jax.checkpoints import manager as ckpt_lib
 from transformer_jax.checkpoints.averaging import average_checkpoints
 from transformer_jax.checkpoints.integrity import CheckpointMismatchError, NonFiniteStateError
-from transformer_jax.checkpoints.manager import Checkpointer
-from transformer_jax.checkpoints.reader import DAMAGED_SUFFIX
+from transformer_jax.checkpoints.manager import DAMAGED_SUFFIX, Checkpointer
+from transformer_jax.checkpoints.reader import CheckpointReader
 
 
 @struct.dataclass
@@ -71,13 +72,13 @@ def test_round_trip_state_data_and_config(tmp_path):
     state = state.replace(opt_state=_TX.update(state.params, state.opt_state, state.params)[1])
     config = {"d_model": 5, "dropout_rate": 0.1, "name": "tiny", "axes": [1, 2]}
     ckpt = new_checkpointer(tmp_path)
-    assert ckpt.latest_step() is None
+    assert ckpt.all_steps() == [] and ckpt.reader.latest_step() is None
     assert ckpt.save(7, state, data_state={"epoch": 1, "pos": 13}, config=config, force=True)
     ckpt.close()
 
     # A new Checkpointer, as after a restart.
     ckpt = new_checkpointer(tmp_path)
-    assert ckpt.all_steps() == [7] and ckpt.latest_step() == 7
+    assert ckpt.all_steps() == [7] and ckpt.reader.latest_step() == 7
     restored, data_state, restored_config, step = ckpt.restore(ABSTRACT)
     ckpt.close()
     assert step == 7 and data_state == {"epoch": 1, "pos": 13} and restored_config == config
@@ -102,16 +103,33 @@ def test_restore_with_explicit_sharding(tmp_path):
     assert restored.params["w"].sharding == sharding
 
 
-def test_restore_config_only_and_read_only(tmp_path):
-    save_steps(tmp_path, [1, 2])
-    with new_checkpointer(tmp_path, read_only=True) as reader:
-        assert reader.saved_info()[:2] == (2, {"d_model": 5})
+def _snapshot(directory) -> dict[str, tuple[int, int]]:
+    """{path: (size, mtime_ns)} of every file and folder under ``directory``."""
+    entries = {}
+    for root, dirs, files in os.walk(directory):
+        for name in dirs + files:
+            path = os.path.join(root, name)
+            entries[path] = (os.path.getsize(path), os.stat(path).st_mtime_ns)
+    return entries
+
+
+def test_the_reader_reads_and_falls_back_without_writing(tmp_path, caplog):
+    save_steps(tmp_path, [1, 2, 3])
+    _damage(str(tmp_path / "3"), "garbage_array_files")
+    before = _snapshot(tmp_path)
+    reader = CheckpointReader(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        assert reader.all_steps() == [1, 2, 3] and reader.latest_step() == 3
         assert reader.saved_info(step=1)[:2] == (1, {"d_model": 5})
-        assert not reader.should_save(100)
-        with pytest.raises(ValueError, match="read-only"):
-            reader.save(3, make_state(), data_state={}, config={}, force=True)
+        _, data_state, _, step = reader.restore(ABSTRACT)
+        assert step == 2 and data_state == {"pos": 2}
+        params, step = reader.restore_params(ABSTRACT.params)
+        assert step == 2 and float(params["w"][0, 0]) == 2.0
+        assert reader.all_steps() == [1, 2, 3]  # the damaged step stays where it is
+    assert any("step 3" in r.getMessage() and "damaged" in r.getMessage() for r in caplog.records)
+    assert _snapshot(tmp_path) == before  # nothing created, changed, renamed or deleted
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        new_checkpointer(tmp_path / "missing", read_only=True)
+        CheckpointReader(tmp_path / "missing")
 
 
 def test_max_to_keep(tmp_path):
@@ -235,12 +253,12 @@ def test_damaged_latest_falls_back_to_previous(tmp_path, caplog, how):
 def test_explicitly_requested_damaged_step_raises(tmp_path):
     save_steps(tmp_path, [1, 2])
     _damage(str(tmp_path / "2"), "missing_metadata")
-    with new_checkpointer(tmp_path) as ckpt:
-        with pytest.raises(RuntimeError, match=rf"step 2 in {re.escape(str(tmp_path))}"):
-            ckpt.restore(ABSTRACT, step=2)
-        with pytest.raises(FileNotFoundError, match=rf"step 9 in {re.escape(str(tmp_path))}.*\[1, 2\]"):
-            ckpt.restore(ABSTRACT, step=9)
-        assert ckpt.all_steps() == [1, 2]  # no silent fallback, nothing moved
+    reader = CheckpointReader(tmp_path)
+    with pytest.raises(RuntimeError, match=rf"step 2 in {re.escape(str(tmp_path))}"):
+        reader.restore(ABSTRACT, step=2)
+    with pytest.raises(FileNotFoundError, match=rf"step 9 in {re.escape(str(tmp_path))}.*\[1, 2\]"):
+        reader.restore(ABSTRACT, step=9)
+    assert reader.all_steps() == [1, 2]  # no silent fallback, nothing moved
 
 
 def test_no_restorable_step_raises_and_moves_nothing(tmp_path):
@@ -259,11 +277,13 @@ def test_no_restorable_step_raises_and_moves_nothing(tmp_path):
 def test_wrong_target_is_not_mistaken_for_damage(tmp_path, caplog):
     save_steps(tmp_path, [1, 2])
     wrong = jax.eval_shape(lambda: make_state().replace(params={"w": jnp.zeros((4, 4))}))
+    expected = r"params/w: saved \[3, 5\], expected \[4, 4\]"
     with new_checkpointer(tmp_path) as ckpt, caplog.at_level(logging.WARNING, logger=ckpt_lib.__name__):
         # Raised before any array is read, naming the arrays (saved vs expected), for any requested step.
-        for step in (None, 1):
-            with pytest.raises(CheckpointMismatchError, match=r"params/w: saved \[3, 5\], expected \[4, 4\]"):
-                ckpt.restore(wrong, step)
+        with pytest.raises(CheckpointMismatchError, match=expected):
+            ckpt.restore(wrong)
+        with pytest.raises(CheckpointMismatchError, match=expected):
+            ckpt.reader.restore(wrong, step=1)
         assert ckpt.all_steps() == [1, 2]
     assert not [r for r in caplog.records if "damaged" in r.getMessage()]
 
@@ -277,13 +297,12 @@ def test_interrupted_save_tmp_dirs_are_removed_on_start(tmp_path, caplog):
     for name in leftovers:
         os.makedirs(tmp_path / name / "state")
         (tmp_path / name / "state" / "_METADATA").write_text("{")
-    with new_checkpointer(tmp_path, read_only=True) as reader:  # a reader neither counts nor deletes them
-        assert reader.all_steps() == [1]
+    assert CheckpointReader(tmp_path).all_steps() == [1]  # a reader neither counts nor deletes them
     assert all(os.path.isdir(tmp_path / name) for name in leftovers)
 
     with caplog.at_level(logging.WARNING, logger=ckpt_lib.__name__):
         ckpt = new_checkpointer(tmp_path)
-    assert ckpt.all_steps() == [1] and ckpt.latest_step() == 1
+    assert ckpt.all_steps() == [1] and ckpt.reader.latest_step() == 1
     assert sorted(os.listdir(tmp_path)) == ["1"]
     assert any("unfinished" in r.getMessage() and leftovers[0] in r.getMessage() for r in caplog.records)
     assert ckpt.save(2, make_state(2.0, 2), data_state={}, config={}, force=True)
@@ -347,11 +366,11 @@ def test_bit_flip_is_detected_and_falls_back_like_other_damage(tmp_path, caplog)
         for step in (1, 2, 3):
             ckpt.save(step, big_state(step), data_state={"pos": step}, config={}, force=True)
     flip_64_bytes_in_the_middle(tmp_path / "3")
-    with new_checkpointer(tmp_path, read_only=True) as reader:  # evaluate.py's path: explicit step fails
-        with pytest.raises(RuntimeError, match=r"step 3.*checksum mismatch.*params/w"):
-            reader.restore(BIG_ABSTRACT, step=3)
-        with pytest.raises(RuntimeError, match=r"step 3 in .*checksum mismatch"):
-            average_checkpoints(str(tmp_path), BIG_ABSTRACT, [2, 3])
+    reader = CheckpointReader(tmp_path)  # evaluate.py's path: an explicit step fails
+    with pytest.raises(RuntimeError, match=r"step 3.*checksum mismatch.*params/w"):
+        reader.restore(BIG_ABSTRACT, step=3)
+    with pytest.raises(RuntimeError, match=r"step 3 in .*checksum mismatch"):
+        average_checkpoints(str(tmp_path), BIG_ABSTRACT, [2, 3])
     ckpt = new_checkpointer(tmp_path)
     with caplog.at_level(logging.WARNING, logger=ckpt_lib.__name__):
         restored, data_state, _, step = ckpt.restore(BIG_ABSTRACT)
@@ -412,18 +431,17 @@ def test_leaving_on_an_exception_finishes_the_save_in_flight(tmp_path):
 
 def test_a_step_removed_while_read_is_skipped_without_calling_it_damaged(tmp_path, caplog, monkeypatch):
     save_steps(tmp_path, [1, 2, 3])
-    reader = new_checkpointer(tmp_path, read_only=True)
-    original = Checkpointer._restore_step
+    reader = CheckpointReader(tmp_path)
+    original = CheckpointReader.read_state
 
     def trainer_deletes_step_3_meanwhile(self, step, abstract_state):
         if step == 3:
             shutil.rmtree(tmp_path / "3")  # what a trainer's max_to_keep does
         return original(self, step, abstract_state)
 
-    monkeypatch.setattr(Checkpointer, "_restore_step", trainer_deletes_step_3_meanwhile)
+    monkeypatch.setattr(CheckpointReader, "read_state", trainer_deletes_step_3_meanwhile)
     with caplog.at_level(logging.WARNING, logger=ckpt_lib.__name__):
         _, data_state, _, step = reader.restore(ABSTRACT)
-    reader.close()
     assert step == 2 and data_state == {"pos": 2}
     messages = [r.getMessage() for r in caplog.records]
     assert any("step 3" in m and "removed" in m for m in messages), messages
@@ -434,4 +452,4 @@ def test_metadata_is_saved_and_read_without_arrays(tmp_path):
     with new_checkpointer(tmp_path) as ckpt:
         ckpt.save(4, make_state(), data_state={}, config={"d_model": 5}, force=True,
                   metadata={"tokenizer_sha256": "ab" * 32})
-        assert ckpt.saved_info() == (4, {"d_model": 5}, {"tokenizer_sha256": "ab" * 32})
+    assert CheckpointReader(tmp_path).saved_info() == (4, {"d_model": 5}, {"tokenizer_sha256": "ab" * 32})

@@ -20,7 +20,7 @@ import pytest
 from test_checkpoint import ABSTRACT, assert_trees_equal, make_state, new_checkpointer
 from tiny import config_with, saved_state
 
-from transformer_jax.checkpoints import manager as ckpt_lib
+from transformer_jax.checkpoints.reader import INTEGRITY_ITEM
 from transformer_jax.runtime import disk, errors
 from transformer_jax.runtime.errors import DiskFullError
 
@@ -41,7 +41,7 @@ def full_disk(monkeypatch):
         on = False
 
     async def save_fn(self, x, directory):
-        if Switch.on and directory.name.startswith(ckpt_lib.INTEGRITY_ITEM):
+        if Switch.on and directory.name.startswith(INTEGRITY_ITEM):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory / "metadata"))
         return await original(self, x, directory)
 

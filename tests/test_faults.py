@@ -21,7 +21,7 @@ from tiny import config_with, saved_state
 
 from transformer_jax import run_config
 from transformer_jax.checkpoints import integrity, restore
-from transformer_jax.checkpoints.manager import Checkpointer
+from transformer_jax.checkpoints.reader import CheckpointReader
 from transformer_jax.data import load_or_train_tokenizer
 from transformer_jax.runtime.errors import MissingFileError
 from transformer_jax.training import loop
@@ -277,9 +277,7 @@ def test_a_resume_may_change_how_steps_compute_but_not_what_the_parameters_are(t
         "model.attention_impl: saved 'dense', new 'blockwise'", "model.dropout_rate: saved 0.1, new 0.3",
         "model.dtype: saved 'float32', new 'bfloat16'"]
     run = run_config.build_run_config(config_with({**FAULT, **changes}))
-    with Checkpointer(restore.checkpoint_dir(str(workdir)), save_every_steps=None, save_every_minutes=None,
-                      read_only=True) as ckpt:
-        restore.check_workdir(ckpt, run, str(workdir))
+    restore.check_workdir(CheckpointReader(restore.checkpoint_dir(str(workdir))), run, str(workdir))
     out = capsys.readouterr().out
     assert f"Resuming step {STEPS} with changed settings that keep the parameters: " in out
     assert "model.dtype: saved 'float32', new 'bfloat16'" in out

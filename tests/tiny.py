@@ -11,6 +11,7 @@ from transformer_jax import data as data_lib
 from transformer_jax import run_config
 from transformer_jax.checkpoints import restore
 from transformer_jax.checkpoints.manager import Checkpointer
+from transformer_jax.checkpoints.reader import CheckpointReader
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.runtime import sharding
 from transformer_jax.training import train_state
@@ -41,9 +42,8 @@ def saved_state(config, workdir, step: int):
     state, _ = train_state.create_train_state(
         run.model, train_state.make_optimizer(run.train, schedule), mesh, (), seed=0)
     target = train_state.abstract_state(state)
-    with Checkpointer(restore.checkpoint_dir(str(workdir)), save_every_steps=None,
-                      save_every_minutes=None, read_only=True) as ckpt:
-        state, data_state, _, restored = ckpt.restore(target, step)
+    reader = CheckpointReader(restore.checkpoint_dir(str(workdir)))
+    state, data_state, _, restored = reader.restore(target, step)
     assert restored == step
     return [np.asarray(x) for x in jax.tree.leaves(state.params)], data_state
 

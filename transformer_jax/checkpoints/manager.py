@@ -10,21 +10,23 @@ A checkpoint directory holds one sub-directory per step (``<directory>/<step>/``
 * ``integrity`` - JSON: per array its shape, dtype and checksum (``integrity.state_digest``), hashes
   of the other two items, and the caller's metadata (train.py: the tokenizer's sha256).
 
-Restoring (listing steps, falling back past damaged ones) is ``reader.CheckpointReader``, which
-:class:`Checkpointer` extends with saving; averaging the last N checkpoints (paper section 6.1) is in
-``averaging.py``.
+Reading (listing steps, restoring, falling back past damaged ones) is ``reader.CheckpointReader``, which
+stands alone for evaluation; :class:`Checkpointer`, training's writer, reads through one. Averaging the
+last N checkpoints (paper section 6.1) is in ``averaging.py``.
 
 Robustness: a state holding NaN/inf is never saved (``NonFiniteStateError``). A save killed mid-way
 (``kill -9``, preemption) leaves ``<step>.orbax-checkpoint-tmp*`` directories; :class:`Checkpointer` deletes
 them on start. A damaged latest checkpoint is skipped with a warning and the previous step is used
-(``reader.py``). (The workdir lock is in ``workdir_lock.py``, the SIGTERM handling in ``preemption.py``.)
+(``reader.py``); on resume the Checkpointer renames it ``<step>.damaged-<time>``. (The workdir lock is in
+``workdir_lock.py``, the SIGTERM handling in ``preemption.py``.)
 
 A full disk: an asynchronous save fails in the background and orbax reports it only at the next save or
 at ``wait_until_finished``. Either way (and for a synchronous failure inside ``save``) the partial
 ``<step>.orbax-checkpoint-tmp`` directory is removed and ``DiskFullError`` names the filesystem, the step
 that could not be saved and the last good checkpoint, which a rerun with space resumes from. Orbax's own
-log lines about that failure are dropped (the error says it once). Once the first checkpoint's size is
-known, a filesystem with room for fewer than ``SPACE_WARNING_CHECKPOINTS`` more is warned about once.
+reports of that failure are dropped (the error says it once; see ``orbax_workarounds.py``). Once the first
+checkpoint's size is known, a filesystem with room for fewer than ``SPACE_WARNING_CHECKPOINTS`` more is
+warned about once.
 """
 
 from __future__ import annotations
@@ -32,8 +34,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import sys
-import threading
 import time
 from typing import Any
 
@@ -43,74 +43,28 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from transformer_jax.checkpoints import integrity as checks
+from transformer_jax.checkpoints import orbax_workarounds
 from transformer_jax.checkpoints.integrity import NonFiniteStateError
 from transformer_jax.checkpoints.reader import (
     CONFIG_ITEM,
     DATA_ITEM,
     INTEGRITY_ITEM,
     STATE_ITEM,
+    STEP_NAMES,
     CheckpointReader,
 )
 from transformer_jax.runtime import disk
-from transformer_jax.runtime.errors import DiskFullError, MissingFileError, short_error
+from transformer_jax.runtime.errors import DiskFullError, short_error
 
 _log = logging.getLogger(__name__)
 
 # Orbax writes a save into "<step>.orbax-checkpoint-tmp" (older releases: "...-tmp-<timestamp>") and renames
 # it to "<step>" when the save is complete, so any name containing this suffix is an unfinished save.
 TMP_DIR_SUFFIX = ocp.path.atomicity_types.TMP_DIR_SUFFIX
+# A damaged step directory "<step>" is renamed to "<step>.damaged-<unix time>", which orbax does not list.
+DAMAGED_SUFFIX = ".damaged"
 # Warn once when the free space holds fewer checkpoints than this (the size is known after the first save).
 SPACE_WARNING_CHECKPOINTS = 3
-
-
-class _QuietOrbax(logging.Filter):
-    """Drops orbax log records that mean nothing to a user, or that an error of ours already says.
-
-    Orbax logs (through absl) a traceback for a failed background save from each of three threads, and
-    notes on every read-only manager ("Given directory is read only"); the Checkpointer reports the first
-    as ``DiskFullError`` and the second is what ``read_only=True`` asked for.
-    """
-
-    def __init__(self, only_orbax: bool = True):
-        super().__init__()
-        self.only_orbax = only_orbax
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if self.only_orbax and "/orbax/" not in record.pathname.replace(os.sep, "/"):
-            return True
-        if record.levelno <= logging.WARNING and "read only" in str(record.msg):
-            return False
-        error = record.exc_info[1] if record.exc_info else None
-        try:
-            message = record.getMessage()
-        except Exception:  # a malformed record is not ours to drop
-            return True
-        return not (disk.is_disk_full(error) or disk.is_disk_full(Exception(message)))
-
-
-def _closed_loop_callback(unraisable: Any) -> bool:
-    """A tensorstore write finishing after orbax's ``asyncio.run`` returned (after a failed save)."""
-    value = unraisable.exc_value
-    return isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
-
-
-def quiet_orbax_logs() -> None:
-    """Installs ``_QuietOrbax`` on the absl logger, which orbax logs through, and drops the
-    "Event loop is closed" callbacks a failed save leaves behind, one traceback per array (idempotent)."""
-    for name, only_orbax in (("absl", True), ("asyncio", False)):  # asyncio: "Task exception was never
-        logger = logging.getLogger(name)                            # retrieved" for each failed array write
-        if not any(isinstance(f, _QuietOrbax) for f in logger.filters):
-            logger.addFilter(_QuietOrbax(only_orbax))
-    previous = sys.unraisablehook
-    if getattr(previous, "_drops_closed_loop_callbacks", False):
-        return
-
-    def hook(unraisable: Any) -> None:
-        if not _closed_loop_callback(unraisable):
-            previous(unraisable)
-
-    hook._drops_closed_loop_callbacks = True
-    sys.unraisablehook = hook
 
 
 def _now() -> float:
@@ -134,19 +88,13 @@ def _remove_tmp_dirs(directory: str) -> list[str]:
     return removed
 
 
-def _join_orbax_threads(timeout_s: float = 120.0) -> None:
-    """Waits for orbax's per-item write threads, which outlive a failed save that reported its first error."""
-    deadline = _now() + timeout_s
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and type(thread).__module__.startswith("orbax."):
-            thread.join(max(0.0, deadline - _now()))
-
-
-class Checkpointer(CheckpointReader):
-    """Saves and restores ``(state, data_state, config)`` at training steps in ``directory``.
+class Checkpointer:
+    """Saves ``(state, data_state, config)`` at training steps in ``directory``, and resumes from it.
 
     Saves are asynchronous by default: :meth:`save` returns once the arrays are copied off the device, and the
     files are written in the background (the next :meth:`save`, :meth:`wait` or :meth:`close` waits for it).
+    Reads go through ``self.reader`` (a :class:`CheckpointReader`); :meth:`restore` adds what only the
+    writer may do: renaming damaged steps aside.
 
     Args:
       directory: the checkpoint directory (created if missing); steps live in ``<directory>/<step>/``.
@@ -155,8 +103,6 @@ class Checkpointer(CheckpointReader):
         since this object was created); None disables. The paper saved every 10 minutes.
       max_to_keep: keep only the newest this many steps (None keeps all). Must be >= the number you average.
       async_save: write files in a background thread.
-      read_only: for readers such as ``evaluate.py`` next to a running training job: no tmp-directory cleanup
-        (that could delete a save in progress), no renaming of damaged steps, :meth:`save` refused.
       time_check_every: with several processes, the clock is consulted (and process 0's answer broadcast,
         a host sync) only at multiples of this many steps; None means 1 for one process, 100 for several.
     """
@@ -169,7 +115,6 @@ class Checkpointer(CheckpointReader):
         save_every_minutes: float | None,
         max_to_keep: int | None = 5,
         async_save: bool = True,
-        read_only: bool = False,
         time_check_every: int | None = None,
     ):
         if save_every_steps is not None and (not isinstance(save_every_steps, int) or save_every_steps < 1):
@@ -185,55 +130,82 @@ class Checkpointer(CheckpointReader):
         self.time_check_every = time_check_every
         self.save_every_steps = save_every_steps
         self.save_every_minutes = save_every_minutes
-        directory = os.path.abspath(os.fspath(directory))
-        if read_only and not os.path.isdir(directory):
-            raise MissingFileError(f"checkpoint directory {directory} does not exist (opened read-only)")
+        self.directory = os.path.abspath(os.fspath(directory))
 
-        if not read_only and jax.process_index() == 0:
-            removed = _remove_tmp_dirs(directory)
+        if jax.process_index() == 0:
+            os.makedirs(self.directory, exist_ok=True)
+            removed = _remove_tmp_dirs(self.directory)
             if removed:
                 _log.warning(
                     "Removed %d unfinished checkpoint save(s) left by an interrupted run in %s: %s",
-                    len(removed), directory, ", ".join(removed))
-        if not read_only and jax.process_count() > 1:
+                    len(removed), self.directory, ", ".join(removed))
+        if jax.process_count() > 1:
             multihost_utils.sync_global_devices("transformer_jax.checkpoints.manager.cleanup")
 
-        quiet_orbax_logs()
+        orbax_workarounds.install()
+        self.reader = CheckpointReader(self.directory)
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=None if read_only else max_to_keep,  # what read_only sets anyway, with a warning
-            save_interval_steps=0 if read_only else 1,
-            enable_async_checkpointing=async_save,
-            create=not read_only,
-            read_only=read_only,
-        )
-        super().__init__(directory, ocp.CheckpointManager(directory, options=options), read_only=read_only)
+            max_to_keep=max_to_keep, step_name_format=STEP_NAMES, enable_async_checkpointing=async_save)
+        self._manager = ocp.CheckpointManager(self.directory, options=options)
         self._pending_step: int | None = None  # the step of a save that may still be writing
         self._failed = False  # a save failed: orbax re-raises it at every wait, so close() swallows it
         self._space_checked = False
+        # The newest step saved or resumed from: :meth:`should_save` never saves at or below it.
+        self._last_saved_step: int | None = self.reader.latest_step()
         # "Since the last save" starts at construction: the first timed save comes one interval into the run.
         self._last_save_time = _now()
 
-    # ----------------------------------------------------------------------------------------------- listing
-    def existing_steps(self) -> list[int]:
-        """The finished steps on disk now (a fresh directory listing, after any background save ended)."""
-        if not self._failed:
-            try:
-                self._manager.wait_until_finished()
-            except Exception as e:  # a failed background save: what is on disk is what counts
-                self._failed = True
-                _log.warning("A background checkpoint save failed: %s", short_error(e))
-        return self._steps_on_disk()
-
-    def _steps_on_disk(self) -> list[int]:
-        names = os.listdir(self.directory) if os.path.isdir(self.directory) else []
-        return sorted(int(n) for n in names if n.isdigit() and os.path.isdir(os.path.join(self.directory, n)))
+    # ------------------------------------------------------------------------------------------------ reading
+    def all_steps(self) -> list[int]:
+        """The finished steps on disk, after any background save ended (a failed one raises, as in wait)."""
+        self.wait()
+        return self.reader.all_steps()
 
     def last_good_message(self, steps: list[int] | None = None) -> str:
-        """"The last good checkpoint is step N in DIR" naming a step that exists, or "There is no ..."."""
-        steps = self.existing_steps() if steps is None else steps
+        """"The last good checkpoint is step N in DIR" naming a step that exists, or "There is no ...".
+
+        For messages of other errors: a failed background save is logged here, not raised.
+        """
+        if steps is None:
+            try:
+                self.wait()
+            except Exception as e:
+                _log.warning("A background checkpoint save failed: %s", short_error(e))
+            steps = self.reader.all_steps()
         if not steps:
             return f"There is no checkpoint in {self.directory} yet."
         return f"The last good checkpoint is step {steps[-1]} in {self.directory}."
+
+    def restore(self, abstract_state: Any) -> tuple[Any, dict, dict, int]:
+        """Resumes: ``(state, data_state, config, step)`` of the newest step that restores cleanly.
+
+        As ``CheckpointReader.restore`` with ``step`` None; the damaged newer steps it skipped are then
+        renamed ``<step>.damaged-<time>`` (only once an older step restored: if all fail, the cause is more
+        likely the target than the files), so that the resumed run can save those steps again.
+        """
+        (state, data_state, config), step, damaged = self.reader.read_good_step(
+            lambda s: self.reader.read_state(s, abstract_state), None, "abstract_state")
+        self._quarantine(damaged)
+        self._last_saved_step = max(step, self._last_saved_step or step)
+        return state, data_state, config, step
+
+    def _quarantine(self, steps: list[int]) -> None:
+        """Renames damaged step directories out of orbax's view, so the resumed run can save those steps."""
+        if not steps:
+            return
+        self._manager.wait_until_finished()
+        if jax.process_index() == 0:
+            for step in steps:
+                src = os.path.join(self.directory, str(step))
+                dst = f"{src}{DAMAGED_SUFFIX}-{int(time.time())}"
+                try:
+                    os.rename(src, dst)
+                    _log.warning("Moved damaged checkpoint %s aside to %s", src, dst)
+                except OSError as e:
+                    _log.warning("Could not move damaged checkpoint %s aside: %s", src, short_error(e))
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices("transformer_jax.checkpoints.manager.quarantine")
+        self._manager.reload()
 
     # ------------------------------------------------------------------------------------------------ saving
     def should_save(self, step: int) -> bool:
@@ -243,8 +215,6 @@ class Checkpointer(CheckpointReader):
         time-based decision is process 0's, broadcast to all, because hosts' clocks differ and all must save
         at the same step; that broadcast is a host sync, so it happens only every ``time_check_every`` steps.
         """
-        if self.read_only:
-            return False
         if self._last_saved_step is not None and step <= self._last_saved_step:
             return False
         if self.save_every_steps is not None and step > 0 and step % self.save_every_steps == 0:
@@ -270,8 +240,6 @@ class Checkpointer(CheckpointReader):
           NonFiniteStateError: ``state`` holds NaN or inf; nothing is saved, and the message names the
             step, the arrays and the last good checkpoint that exists.
         """
-        if self.read_only:
-            raise ValueError(f"cannot save step {step} to {self.directory}: the Checkpointer is read-only")
         if not force and not self.should_save(step):
             return False
         if step in self._manager.all_steps():
@@ -330,10 +298,10 @@ class Checkpointer(CheckpointReader):
         self._pending_step = None
         if not disk.is_disk_full(error):
             raise error
-        _join_orbax_threads()  # the other items' writes may still be running: let them end first
+        orbax_workarounds.join_commit_threads()  # the other items' writes may still be running
         if jax.process_index() == 0:
             _remove_tmp_dirs(self.directory)
-        steps = self._steps_on_disk()
+        steps = self.reader.all_steps()
         self._last_saved_step = steps[-1] if steps else None
         what = f"checkpoint step {step}" if step is not None else "a checkpoint"
         raise DiskFullError(

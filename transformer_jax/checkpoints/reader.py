@@ -1,26 +1,25 @@
 """Reading checkpoints back: listing steps, restoring a state or its parameters, past damaged steps.
 
-``CheckpointReader`` is the half of ``manager.Checkpointer`` that never writes a checkpoint; the
-Checkpointer adds saving. A step directory holds four orbax items (``manager.py`` describes them). Restoring
-checks the saved shapes against the target before any array is read (another model's arrays raise
-``CheckpointMismatchError``, which is not damage), then verifies every array's checksum and the hashes of
-the JSON items. With no step given, a damaged newest step (truncated files, missing metadata, changed
-arrays) is skipped with a warning and the previous one is used; unless read-only, the damaged directories
-are then renamed ``<step>.damaged-<time>`` so that a resumed run can save those steps again. A step
-deleted while it is read (``max_to_keep`` of a running trainer) is skipped for the newest that exists.
+``CheckpointReader`` never writes: ``evaluate.py``, averaging and inspection read through it, beside a
+training run that may be writing the same directory, and the training ``manager.Checkpointer`` reads
+through one too (it alone renames damaged steps aside). A step directory holds four orbax items
+(``manager.py`` describes them).
+
+Restoring checks the saved shapes against the target before any array is read (another model's arrays
+raise ``CheckpointMismatchError``, which is not damage), then verifies every array's checksum and the
+hashes of the JSON items. With no step given, a damaged newest step (truncated files, missing metadata,
+changed arrays) is skipped with a warning and the previous one is used; a step deleted while it is read
+(``max_to_keep`` of a running trainer) is skipped for the newest that exists.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-import jax
 import orbax.checkpoint as ocp
-from jax.experimental import multihost_utils
 
 from transformer_jax.checkpoints import integrity as checks
 from transformer_jax.checkpoints.integrity import CheckpointMismatchError, NoUsableCheckpointError
@@ -30,46 +29,58 @@ from transformer_jax.runtime.sharding import with_default_sharding
 _log = logging.getLogger(__name__)
 
 STATE_ITEM, DATA_ITEM, CONFIG_ITEM, INTEGRITY_ITEM = "state", "data", "config", "integrity"
-# A damaged step directory "<step>" is renamed to "<step>.damaged-<unix time>", which orbax does not list.
-DAMAGED_SUFFIX = ".damaged"
+# Step directories are named by the step alone ("<directory>/<step>"), as orbax's CheckpointManager names
+# them by default; unfinished saves ("<step>.orbax-checkpoint-tmp") and other names are never listed.
+STEP_NAMES = ocp.path.step.standard_name_format()
 
 
 class CheckpointReader:
-    """Lists and restores the steps of a checkpoint directory through an orbax ``CheckpointManager``.
+    """Lists and restores the steps of the checkpoint directory ``directory`` without writing to it.
 
-    Args:
-      directory: the absolute checkpoint directory; steps live in ``<directory>/<step>/``.
-      manager: the orbax manager over ``directory``.
-      read_only: another process may be writing (re-list before each read) and damaged steps are
-        left where they are.
+    It holds nothing but the directory's name: every listing reads the directory afresh (so steps that a
+    running trainer saves or deletes meanwhile are seen), and every read opens its own orbax
+    ``Checkpointer``, so a read of the whole state and one of the parameters alone can follow each other.
+
+    Raises:
+      MissingFileError: ``directory`` does not exist.
     """
 
-    def __init__(self, directory: str, manager: ocp.CheckpointManager, *, read_only: bool):
-        self.directory = directory
-        self.read_only = read_only
-        self._manager = manager
-        # The newest step saved or restored from (``Checkpointer.should_save`` never saves at or below it).
-        self._last_saved_step: int | None = manager.latest_step()
+    def __init__(self, directory: str):
+        self.directory = os.path.abspath(os.fspath(directory))
+        if not os.path.isdir(self.directory):
+            raise MissingFileError(f"checkpoint directory {self.directory} does not exist")
 
     # ----------------------------------------------------------------------------------------------- listing
     def all_steps(self) -> list[int]:
-        """The finished checkpoint steps, ascending (unfinished tmp directories are never listed)."""
-        if self.read_only:  # another process may be writing; re-read the directory.
-            self._manager.reload()
-        return sorted(int(s) for s in self._manager.all_steps())
+        """The finished checkpoint steps, ascending."""
+        return sorted(metadata.step for metadata in STEP_NAMES.find_all(self.directory))
 
     def latest_step(self) -> int | None:
         """The newest finished step, or None if there is none. Not checked for damage; :meth:`restore` is."""
         steps = self.all_steps()
         return steps[-1] if steps else None
 
-    # --------------------------------------------------------------------------------------------- restoring
+    def _require_step(self, step: int) -> None:
+        steps = self.all_steps()
+        if step not in steps:
+            raise MissingFileError(
+                f"no checkpoint for step {step} in {self.directory}; available steps: {steps or 'none'}")
+
+    def _removed(self, step: int) -> bool:
+        return not os.path.isdir(os.path.join(self.directory, str(step)))
+
+    # --------------------------------------------------------------------------------------- reading a step
+    def _read_items(self, step: int, **items: ocp.args.CheckpointArgs) -> dict[str, Any]:
+        """The named orbax items of ``step``, read with their restore arguments."""
+        path = os.path.join(self.directory, str(step))
+        with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
+            return dict(checkpointer.restore(path, args=ocp.args.Composite(**items)))
+
     def _read_integrity(self, step: int) -> dict | None:
         """The ``integrity`` item of ``step``; None for checkpoints written before it existed."""
         if not os.path.isdir(os.path.join(self.directory, str(step), INTEGRITY_ITEM)):
             return None
-        integrity = self._manager.restore(
-            step, args=ocp.args.Composite(**{INTEGRITY_ITEM: ocp.args.JsonRestore()}))[INTEGRITY_ITEM]
+        integrity = self._read_items(step, **{INTEGRITY_ITEM: ocp.args.JsonRestore()})[INTEGRITY_ITEM]
         if not isinstance(integrity, dict) or not isinstance(integrity.get("arrays"), dict):
             raise ValueError(f"item {INTEGRITY_ITEM!r} should hold a JSON object with 'arrays'")
         return integrity
@@ -91,12 +102,12 @@ class CheckpointReader:
                 "Use the model config it was trained with, or another workdir.")
         return integrity
 
-    def _restore_step(self, step: int, abstract_state: Any) -> tuple[Any, dict, dict]:
+    def read_state(self, step: int, abstract_state: Any) -> tuple[Any, dict, dict]:
+        """``(state, data_state, config)`` of ``step``, every array checked against its saved checksum."""
         integrity = self.check_shapes(step, abstract_state)
-        target = with_default_sharding(abstract_state)
-        args = ocp.args.Composite(**{STATE_ITEM: ocp.args.StandardRestore(target),
-                                     DATA_ITEM: ocp.args.JsonRestore(), CONFIG_ITEM: ocp.args.JsonRestore()})
-        restored = self._manager.restore(step, args=args)
+        restored = self._read_items(step, **{
+            STATE_ITEM: ocp.args.StandardRestore(with_default_sharding(abstract_state)),
+            DATA_ITEM: ocp.args.JsonRestore(), CONFIG_ITEM: ocp.args.JsonRestore()})
         data_state, config = restored[DATA_ITEM], restored[CONFIG_ITEM]
         for name, value in ((DATA_ITEM, data_state), (CONFIG_ITEM, config)):
             if not isinstance(value, dict):
@@ -109,55 +120,29 @@ class CheckpointReader:
                     raise checks.CorruptCheckpointError(f"item {name!r} changed after the save")
         return restored[STATE_ITEM], data_state, config
 
-    def _require_step(self, step: int) -> None:
-        steps = self.all_steps()
-        if step not in steps:
-            raise MissingFileError(
-                f"no checkpoint for step {step} in {self.directory}; available steps: {steps or 'none'}")
-
-    def _quarantine(self, steps: Sequence[int]) -> None:
-        """Renames damaged step directories out of orbax's view, so the resumed run can save those steps."""
-        if self.read_only or not steps:
-            return
-        self._manager.wait_until_finished()
-        if jax.process_index() == 0:
-            for step in steps:
-                src = os.path.join(self.directory, str(step))
-                dst = f"{src}{DAMAGED_SUFFIX}-{int(time.time())}"
-                try:
-                    os.rename(src, dst)
-                    _log.warning("Moved damaged checkpoint %s aside to %s", src, dst)
-                except OSError as e:
-                    _log.warning("Could not move damaged checkpoint %s aside: %s", src, short_error(e))
-        if jax.process_count() > 1:
-            multihost_utils.sync_global_devices("transformer_jax.checkpoints.reader.quarantine")
-        self._manager.reload()
-
     def read_params(self, step: int, abstract_params: Any) -> Any:
         """Only the parameters of ``step`` (an orbax partial restore): no optimizer moments are read.
 
         ``abstract_params`` is the ``params`` sub-tree of the saved state's structure. Checksums of the
-        arrays read are verified as in :meth:`restore`.
+        arrays read are verified as in :meth:`read_state`.
         """
         integrity = self.check_shapes(step, abstract_params, prefix="params")
         target = {"params": with_default_sharding(abstract_params)}
         restore_args = ocp.checkpoint_utils.construct_restore_args(target)
-        restored = self._manager.restore(step, args=ocp.args.Composite(**{STATE_ITEM: ocp.args.PyTreeRestore(
-            target, restore_args=restore_args, partial_restore=True)}))[STATE_ITEM]
+        restored = self._read_items(step, **{STATE_ITEM: ocp.args.PyTreeRestore(
+            target, restore_args=restore_args, partial_restore=True)})[STATE_ITEM]
         if integrity is not None and integrity.get("format") == checks.DIGEST_FORMAT:
             checks.verify_digest(integrity["arrays"], restored)
         return restored["params"]
 
+    # --------------------------------------------------------------------------------- the newest good step
     def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, dict, dict, int]:
         """Restores ``(state, data_state, config, step)``.
 
         Args:
           abstract_state: the state's structure: a pytree of ``jax.ShapeDtypeStruct`` (with ``.sharding`` for
             sharded arrays, e.g. from ``jax.eval_shape`` plus the mesh's shardings) or of real arrays.
-          step: the step to restore; None means the newest step that restores cleanly. A damaged newest step
-            is skipped with a warning naming the directory, step and error, and (unless read-only) renamed to
-            ``<step>.damaged-<time>`` once an older step restored, so the resumed run can write it again.
-            A step deleted while read (a trainer's ``max_to_keep``) is skipped for the newest that exists.
+          step: the step to restore; None: the newest step that restores cleanly (:meth:`read_good_step`).
 
         Raises:
           FileNotFoundError: no checkpoints, or ``step`` is not among them.
@@ -165,21 +150,29 @@ class CheckpointReader:
           RuntimeError: the explicitly requested ``step`` is damaged, or (step None) no step restores; the
             message names the directory, the steps tried and their errors.
         """
-        (state, data_state, config), step = self._read_good_step(
-            lambda s: self._restore_step(s, abstract_state), step, "abstract_state")
+        (state, data_state, config), step, _ = self.read_good_step(
+            lambda s: self.read_state(s, abstract_state), step, "abstract_state")
         return state, data_state, config, step
 
     def restore_params(self, abstract_params: Any, step: int | None = None) -> tuple[Any, int]:
         """``(params, step)``: the parameters alone (:meth:`read_params`), with :meth:`restore`'s fallback."""
-        return self._read_good_step(lambda s: self.read_params(s, abstract_params), step, "abstract_params")
+        params, step, _ = self.read_good_step(
+            lambda s: self.read_params(s, abstract_params), step, "abstract_params")
+        return params, step
 
-    def _read_good_step(self, read: Callable[[int], Any], step: int | None,
-                        target_name: str) -> tuple[Any, int]:
-        """``(read(step), step)``; with ``step`` None, the newest step that reads, skipping damaged ones."""
+    def read_good_step(self, read: Callable[[int], Any], step: int | None,
+                       target_name: str) -> tuple[Any, int, list[int]]:
+        """``(read(step), step, damaged)``; with ``step`` None, the newest step that reads.
+
+        Newer steps that fail to read are skipped, each with a warning naming the directory, the step and
+        the error, and returned in ``damaged`` (newest first); a step deleted while read is skipped silently
+        but for a note. An explicitly requested ``step`` that fails raises (``damaged`` is then empty).
+        ``target_name`` is the argument of the caller that the final error suggests checking.
+        """
         if step is not None:
             self._require_step(step)
             try:
-                value = read(step)
+                return read(step), step, []
             except CheckpointMismatchError:
                 raise
             except Exception as e:
@@ -187,39 +180,32 @@ class CheckpointReader:
                     f"checkpoint step {step} in {self.directory} could not be restored ({short_error(e)}); "
                     f"available steps: {self.all_steps()}"
                 ) from e
-            self._last_saved_step = max(step, self._last_saved_step or step)
-            return value, step
 
         if not self.all_steps():
             raise MissingFileError(f"no checkpoints to restore in {self.directory}")
-        failed: list[tuple[int, Exception]] = []
-        while candidates := [s for s in self.all_steps() if s not in {f for f, _ in failed}]:
+        tried: list[int] = []
+        errors: list[tuple[int, Exception]] = []
+        while candidates := [s for s in self.all_steps() if s not in tried]:
             candidate = candidates[-1]
+            tried.append(candidate)
             try:
-                value = read(candidate)
+                return read(candidate), candidate, [s for s, _ in errors]
             except CheckpointMismatchError:
                 raise
             # Damage shows up as ValueError, OSError, JSONDecodeError, tensorstore or checksum errors.
             except Exception as e:
-                if not os.path.isdir(os.path.join(self.directory, str(candidate))):
+                if self._removed(candidate):
                     _log.warning("Checkpoint step %d in %s was removed while it was read (a running trainer "
                                  "keeps only its newest checkpoints); taking the newest one that exists",
                                  candidate, self.directory)
-                    failed.append((candidate, None))
                     continue
                 _log.warning(
                     "Checkpoint step %d in %s is damaged and was skipped (%s); trying an older step",
                     candidate, self.directory, short_error(e))
-                failed.append((candidate, e))
-                continue
-            # Only once an older step worked: if all fail the cause is more likely the target than the files.
-            self._quarantine([s for s, e in failed if e is not None])
-            self._last_saved_step = max(candidate, self._last_saved_step or candidate)
-            return value, candidate
-        errors = [(s, e) for s, e in failed if e is not None]
+                errors.append((candidate, e))
         details = "; ".join(f"step {s}: {short_error(e, 200)}" for s, e in errors)
         raise NoUsableCheckpointError(
-            f"no checkpoint in {self.directory} could be restored (tried steps {[s for s, _ in failed]}): "
+            f"no checkpoint in {self.directory} could be restored (tried steps {tried}): "
             f"{details}. If every step fails the same way, check that {target_name} matches the saved state "
             "(model config)."
         ) from (errors[0][1] if errors else None)
@@ -227,7 +213,8 @@ class CheckpointReader:
     def saved_info(self, step: int | None = None) -> tuple[int, dict, dict]:
         """``(step, config, metadata)`` of ``step`` (default: the newest step whose config reads); no arrays.
 
-        ``metadata`` is what :meth:`save` was given (empty for checkpoints older than the integrity item).
+        ``metadata`` is what the Checkpointer's ``save`` was given (empty for checkpoints older than the
+        integrity item).
         """
         if step is not None:
             self._require_step(step)
@@ -237,9 +224,7 @@ class CheckpointReader:
         errors = []
         for candidate in candidates:
             try:
-                config = self._manager.restore(
-                    candidate, args=ocp.args.Composite(config=ocp.args.JsonRestore())
-                )[CONFIG_ITEM]
+                config = self._read_items(candidate, **{CONFIG_ITEM: ocp.args.JsonRestore()})[CONFIG_ITEM]
                 if not isinstance(config, dict):
                     raise ValueError(f"expected a JSON object, got {type(config).__name__}")
                 integrity = self._read_integrity(candidate) or {}
@@ -250,7 +235,7 @@ class CheckpointReader:
                         f"config of checkpoint step {step} in {self.directory} could not be read "
                         f"({short_error(e)})"
                     ) from e
-                if not os.path.isdir(os.path.join(self.directory, str(candidate))):
+                if self._removed(candidate):
                     continue  # removed by a running trainer while we read it
                 _log.warning(
                     "Config of checkpoint step %d in %s is damaged (%s); trying an older step",

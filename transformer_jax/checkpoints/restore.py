@@ -28,7 +28,7 @@ from transformer_jax.checkpoints.integrity import (
     model_differences,
     run_time_differences,
 )
-from transformer_jax.checkpoints.manager import Checkpointer
+from transformer_jax.checkpoints.reader import CheckpointReader
 from transformer_jax.data.config import DataConfig
 from transformer_jax.data.text_form import text_form_of
 from transformer_jax.data.tokenizer import Tokenizer, tokenizer_file
@@ -117,7 +117,7 @@ def check_same_model(saved_config: dict, run: RunConfig, where: str) -> list[str
     return run_time_differences(saved_config, dict(run.saved))
 
 
-def check_workdir(ckpt: Checkpointer, run: RunConfig, workdir: str) -> str | None:
+def check_workdir(ckpt: CheckpointReader, run: RunConfig, workdir: str) -> str | None:
     """Before a training run resumes ``workdir``: its model config and tokenizer must be the saved ones.
 
     Reads only JSON (no arrays, nothing compiled). Returns the saved tokenizer's SHA-256 (None when the
@@ -148,19 +148,15 @@ def restore_workdir(workdir: str, step: int | None = None) -> Restored:
     """
     if not os.path.isdir(checkpoint_dir(workdir)):
         raise MissingFileError(f"no checkpoint in {checkpoint_dir(workdir)}; train first with train.py")
-    ckpt = Checkpointer(checkpoint_dir(workdir), save_every_steps=None, save_every_minutes=None,
-                        read_only=True)
-    try:
-        if ckpt.latest_step() is None:
-            raise MissingFileError(f"no checkpoint in {ckpt.directory}; train first with train.py")
-        _, saved_config, metadata = ckpt.saved_info(step)
-        run = run_config_from_saved(saved_config)
-        tokenizer = load_workdir_tokenizer(run.data, workdir, metadata.get("tokenizer_sha256"))
-        target = abstract_params(run.model)
-        params, restored_step = ckpt.restore_params(target, step)
-        return Restored(run, tokenizer, params, int(restored_step), ckpt.directory, target)
-    finally:
-        ckpt.close()
+    reader = CheckpointReader(checkpoint_dir(workdir))
+    if reader.latest_step() is None:
+        raise MissingFileError(f"no checkpoint in {reader.directory}; train first with train.py")
+    _, saved_config, metadata = reader.saved_info(step)
+    run = run_config_from_saved(saved_config)
+    tokenizer = load_workdir_tokenizer(run.data, workdir, metadata.get("tokenizer_sha256"))
+    target = abstract_params(run.model)
+    params, restored_step = reader.restore_params(target, step)
+    return Restored(run, tokenizer, params, int(restored_step), reader.directory, target)
 
 
 def steps_to_average(restored: Restored, average_last: int, *, from_config: bool = False) -> list[int]:
@@ -169,9 +165,7 @@ def steps_to_average(restored: Restored, average_last: int, *, from_config: bool
     ``from_config``: ``average_last`` is the run's ``final_average_last`` (evaluate.py's default), which
     the error then names, with how to score fewer.
     """
-    with Checkpointer(restored.checkpoint_dir, save_every_steps=None, save_every_minutes=None,
-                      read_only=True) as ckpt:
-        available = [s for s in ckpt.all_steps() if s <= restored.step]
+    available = [s for s in CheckpointReader(restored.checkpoint_dir).all_steps() if s <= restored.step]
     if len(available) < average_last:
         given = (f"--average_last={average_last} (the default: the run's final_average_last)" if from_config
                  else f"--average_last={average_last}")

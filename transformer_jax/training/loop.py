@@ -150,7 +150,7 @@ def evaluate_dev(trainer: Trainer, params) -> dict[str, float]:
 
 def resume(ckpt: Checkpointer, state: TrainState, train_iter: data_lib.TrainIterator) -> TrainState:
     """The newest good checkpoint's state (laid out like ``state``), if any; also rewinds the data."""
-    if ckpt.latest_step() is None:
+    if ckpt.reader.latest_step() is None:
         return state
     state, data_state, _, step = ckpt.restore(abstract_state(state))
     train_iter.set_state(data_state)
@@ -261,7 +261,7 @@ def _train_locked(run: RunConfig, workdir: str, guard: PreemptionGuard) -> dict[
                         max_to_keep=policy.checkpoint_keep)
     # ``with ckpt``: on any exception, a save in flight is finished before the process exits.
     with ckpt:
-        restore.check_workdir(ckpt, run, workdir)  # same model and tokenizer, before anything compiles
+        restore.check_workdir(ckpt.reader, run, workdir)  # same model and tokenizer, before anything compiles
         trainer, state, train_iter = setup(run, workdir)
         state = resume(ckpt, state, train_iter)
         step = int(jax.device_get(state.step))
