@@ -223,12 +223,8 @@ def _damage(step_dir: str, how: str) -> None:
         raise ValueError(how)
 
 
-# A failed tensorstore read inside orbax's asyncio.run leaves a callback for the closed event loop; Python
-# reports it later as an unraisable "Event loop is closed". Harmless (orbax internals), not a test failure.
-_IGNORE_CLOSED_LOOP = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 
-@_IGNORE_CLOSED_LOOP
 @pytest.mark.parametrize("how", ["garbage_array_files", "missing_metadata", "truncated_json"])
 def test_damaged_latest_falls_back_to_previous(tmp_path, caplog, how):
     save_steps(tmp_path, [1, 2, 3])
@@ -360,7 +356,6 @@ def flip_64_bytes_in_the_middle(step_dir) -> str:
     return path
 
 
-@_IGNORE_CLOSED_LOOP
 def test_bit_flip_is_detected_and_falls_back_like_other_damage(tmp_path, caplog):
     with new_checkpointer(tmp_path) as ckpt:
         for step in (1, 2, 3):

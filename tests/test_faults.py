@@ -38,8 +38,6 @@ FAULT = {
     "checkpoint_every_steps": 1, "checkpoint_every_minutes": 0.0, "checkpoint_keep": 20,
     "final_eval_split": "", "final_beam_size": 4, "peak_tflops_per_device": 1.0,
 }
-# A failed tensorstore read inside orbax's asyncio.run leaves a callback for the closed event loop.
-_IGNORE_CLOSED_LOOP = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 
 def train(workdir, **overrides):
@@ -197,7 +195,6 @@ def test_overflow_in_the_update_saves_nothing_and_a_sane_rerun_continues(tmp_pat
 
 
 # ------------------------------------------------------------------------------------------------ bit flip
-@_IGNORE_CLOSED_LOOP
 def test_a_bit_flip_is_detected_by_evaluation_and_training(tmp_path, reference, caplog, capsys):
     workdir = copy_of(reference, tmp_path)
     # 64 bytes at each of 31 places in the first half of every data file of the step (each keeps its size).
