@@ -84,8 +84,12 @@ def install() -> None:
 
 
 def join_commit_threads(timeout_s: float = 120.0) -> None:
-    """Waits (at most ``timeout_s`` in all) for orbax's commit threads, still writing after a failed save."""
+    """Waits (at most ``timeout_s`` in all) for orbax's commit threads, still writing after a failed save.
+
+    Their own failures (most often the same full disk) are not raised: the first one is the one reported.
+    """
     deadline = time.monotonic() + timeout_s
     for thread in threading.enumerate():
         if isinstance(thread, COMMIT_THREAD) and thread is not threading.current_thread():
-            thread.join(max(0.0, deadline - time.monotonic()))
+            # threading.Thread's join: the commit thread's own join raises the thread's failure.
+            threading.Thread.join(thread, max(0.0, deadline - time.monotonic()))
