@@ -98,7 +98,7 @@ def test_a_second_run_on_a_busy_workdir_is_one_error_line(tmp_path):
 
 
 def test_evaluate_errors_come_without_orbax_warnings(tmp_path):
-    (tmp_path / "checkpoints").mkdir()  # opened read-only by orbax before the error
+    (tmp_path / "checkpoints").mkdir()  # read (and found empty) before the error
     result = run("evaluate.py", f"--workdir={tmp_path}")
     assert_one_error_line(result, "no checkpoint")
     assert "read only" not in result.stderr and "W1" not in result.stderr
