@@ -102,8 +102,8 @@ def test_cached_steps_match_the_full_causal_forward(tiny):
     targets = jnp.asarray(np.random.default_rng(3).integers(4, VOCAB, size=(BATCH, 9)), jnp.int32)
     full = Transformer(cfg.replace(deterministic=True)).apply({"params": params}, inputs, targets)
     encoded = kv_cache.encode(params, cfg, inputs)
-    cache = kv_cache.init_cache(cfg, params, encoded, inputs, cache_len=11)  # longer than needed
-    step = jax.jit(lambda c, tok: kv_cache.decode_step(params, cfg, c, encoded, inputs, tok))
+    cache = kv_cache.init_cache(cfg, params, encoded, cache_len=11)  # longer than needed
+    step = jax.jit(lambda c, tok: kv_cache.decode_step(params, cfg, c, inputs, tok))
     decoder_inputs = model_lib.shift_right(targets)
     steps = []
     for t in range(targets.shape[1]):
@@ -158,52 +158,6 @@ def test_a_cache_grown_midway_gives_the_one_phase_outputs(tiny, first):
                                    first_cache_len=first)
     np.testing.assert_array_equal(beams_two[0], beams_one[0])
     np.testing.assert_allclose(beams_two[1], beams_one[1], atol=1e-6)
-
-
-def test_grow_cache_pads_only_the_position_axes(tiny):
-    cfg, params = tiny
-    inputs = _sources(7)
-    beams = 2
-    cache = kv_cache.init_cache(cfg, params, kv_cache.encode(params, cfg, inputs), inputs, cache_len=3,
-                                beams=beams)
-    grown = kv_cache.grow_cache(cache, 8)
-    names = set()
-    for (path, old), new in zip(jax.tree_util.tree_flatten_with_path(cache)[0], jax.tree.leaves(grown),
-                                strict=True):
-        name = path[-1].key
-        names.add(name)
-        if name in ("cached_key", "cached_value"):  # [batch, heads, cache_len * beams, d], position-major
-            assert old.shape[:3] == (BATCH, cfg.num_heads, 3 * beams)
-            assert new.shape == old.shape[:2] + (8 * beams,) + old.shape[3:]
-            np.testing.assert_array_equal(new[:, :, :3 * beams], old)
-            assert not np.any(np.asarray(new[:, :, 3 * beams:]))
-        elif name == "ancestry":  # [batch * beams, cache_len]
-            assert old.shape == (BATCH * beams, 3) and new.shape == (BATCH * beams, 8)
-            np.testing.assert_array_equal(new[:, :3], old)
-        else:  # encoder keys/values [batch, heads, src_len, d], indices
-            np.testing.assert_array_equal(new, old)
-            if name == "encoded_key":
-                assert old.shape[:3] == (BATCH, cfg.num_heads, inputs.shape[1])  # once per example
-    assert {"cached_key", "cached_value", "ancestry", "encoded_key", "encoded_value"} <= names
-
-
-def test_select_examples_keeps_their_entries_and_their_beams_ancestry(tiny):
-    cfg, params = tiny
-    inputs, beams, examples = _sources(9), 2, jnp.asarray([3, 0], jnp.int32)
-    cache = kv_cache.init_cache(cfg, params, kv_cache.encode(params, cfg, inputs), inputs, cache_len=4,
-                                beams=beams)
-    distinct = lambda x: jnp.arange(x.size, dtype=x.dtype).reshape(x.shape)  # a wrong row would show
-    cache = jax.tree_util.tree_map_with_path(
-        lambda path, x: distinct(x) if path[-1].key == "ancestry" else x, cache)
-    kept = kv_cache.select_examples(cache, examples)
-    for (path, old), new in zip(jax.tree_util.tree_flatten_with_path(cache)[0], jax.tree.leaves(kept),
-                                strict=True):
-        if path[-1].key == "ancestry":  # [batch * beams, cache_len]: rows 6, 7 (example 3), then 0, 1
-            np.testing.assert_array_equal(new, np.asarray(old)[[6, 7, 0, 1]])
-        elif old.ndim:  # [batch, ...]
-            np.testing.assert_array_equal(new, np.asarray(old)[[3, 0]])
-        else:  # indices
-            assert new == old
 
 
 def test_beam_size_one_equals_greedy(tiny):

@@ -183,17 +183,17 @@ def test_cached_decoding_matches_the_full_causal_forward(tiny_params):
     decoder_inputs = model_lib.shift_right(targets)
     model = Transformer(cfg)
     encoded = model.apply({"params": tiny_params}, inputs, method=Transformer.encode)
-    step_model = Transformer(cfg.replace(decode=True, decode_cache_len=TGT_LEN))
-    _, state = step_model.apply({"params": tiny_params}, encoded, inputs, decoder_inputs[:, :1],
-                                method=Transformer.decode, mutable=["cache"])
-    cache = state["cache"]
+    cache = model.apply({"params": tiny_params}, encoded, TGT_LEN, method=Transformer.init_cache)
+    step_model = Transformer(cfg.replace(decode=True))
     steps = []
     for t in range(TGT_LEN):
-        logits, state = step_model.apply({"params": tiny_params, "cache": cache}, encoded, inputs,
-                                         decoder_inputs[:, t:t + 1], method=Transformer.decode,
-                                         mutable=["cache"])
-        cache = state["cache"]
+        logits, cache = step_model.apply({"params": tiny_params}, None, inputs, decoder_inputs[:, t:t + 1],
+                                         cache, method=Transformer.decode)
         steps.append(logits[:, 0])
+    assert int(cache.index) == TGT_LEN
+    with pytest.raises(ValueError, match="decode mode"):  # a step needs its cache
+        step_model.apply({"params": tiny_params}, encoded, inputs, decoder_inputs[:, :1],
+                         method=Transformer.decode)
     np.testing.assert_allclose(np.stack(steps, axis=1), full, atol=1e-5, rtol=1e-5)
 
 

@@ -69,8 +69,8 @@ _MAPPED_FIELDS = {"vocab_size": None, "d_model": None, "d_ff": None, "num_heads"
                   "d_v": None, "num_encoder_layers": None, "num_decoder_layers": None, "max_len": None,
                   "position_encoding": ("sinusoidal", "learned"), "norm_style": ("post", "pre")}
 _INFERENCE_NEUTRAL_FIELDS = ("dropout_rate", "attention_dropout_rate", "attention_impl",
-                             "attention_block_size", "attention_init", "decode_cache_len", "dtype",
-                             "attention_witness", "deterministic", "decode", "decode_beams")
+                             "attention_block_size", "attention_init", "dtype", "attention_witness",
+                             "deterministic", "decode")
 
 
 def check_exportable(model_config) -> None:

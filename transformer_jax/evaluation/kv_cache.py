@@ -1,11 +1,10 @@
 """The model in decode mode: the encoder, the key/value cache and one cached decoder step.
 
 ``decode.py``'s searches run on a ``Stepper``: a next-token function over n = batch * beams rows, with
-its state (the cache) and the beam reorder. The cache holds one copy of each example's encoder
-keys/values for all its beams, and self-attention keys/values in beam slots that are never moved: a
-reorder gathers only the ``ancestry`` table, int32[n, cache_len], which says which slot holds each
-row's ancestors (``model.transformer.Decoder``). ``grow_cache`` pads the self-attention cache with more
-positions (masked positions weigh exactly 0, so the logits do not change) and ``select_examples`` keeps
+its state (the cache and the sources) and the beam reorder. The cache is a ``model.decode_cache.DecodeCache``:
+one copy of each example's encoder keys/values for all its beams, and self-attention keys/values in beam
+slots that are never moved (a reorder gathers only its ancestry table). ``grow_cache`` pads it with more
+positions (masked positions weigh exactly 0, so the logits do not change) and the stepper's ``select`` keeps
 some examples only: ``decode``'s loop uses both between its phases.
 """
 
@@ -17,15 +16,12 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.decode_cache import DecodeCache
 from transformer_jax.model.special_ids import BOS_ID
 from transformer_jax.model.transformer import Transformer, shift_right
 
 Array = jax.Array
 
-# The cache leaves that grow with the output, and their position axis: the self-attention buffers
-# [batch, heads, cache_len * beams, d_k|d_v] (position-major, so padding the axis adds positions) and
-# the ancestry table [batch * beams, cache_len].
-_POSITION_AXIS = {"cached_key": 2, "cached_value": 2, "ancestry": 1}
 # The first phase's cache holds the source length plus this many positions (see the module docstring).
 FIRST_CACHE_EXTRA = 16
 
@@ -40,64 +36,19 @@ def encode(params: Any, model_config: ModelConfig, inputs: Array) -> Array:
         {"params": params}, inputs, method=Transformer.encode)
 
 
-def _decode_config(model_config: ModelConfig, cache_len: int, beams: int) -> ModelConfig:
-    return model_config.replace(decode=True, decode_cache_len=cache_len, decode_beams=beams,
-                                deterministic=True)
+def init_cache(model_config: ModelConfig, params: Any, encoded: Array, cache_len: int,
+               beams: int = 1) -> DecodeCache:
+    """The decode cache of ``cache_len`` positions for ``beams`` rows per example of ``encoded``
+    float[batch, src_len, d_model]: empty self-attention buffers and the projected encoder keys/values."""
+    return Transformer(eval_config(model_config)).apply(
+        {"params": params}, encoded, cache_len, beams, method=Transformer.init_cache)
 
 
-def init_cache(model_config: ModelConfig, params: Any, encoded: Array, inputs: Array,
-               cache_len: int, beams: int = 1) -> Any:
-    """Creates the decode cache: empty self-attention buffers and the projected encoder keys/values.
-
-    Runs the model's first decode-mode call, which only builds the cache (its logits are discarded).
-
-    Args:
-      model_config: any mode; decode mode with ``decode_cache_len=cache_len`` is derived from it.
-      params: the model parameters.
-      encoded: float[batch, src_len, d_model] encoder output.
-      inputs: int32[batch, src_len] source ids.
-      cache_len: positions the self-attention cache holds (the longest output).
-      beams: decoder rows per example (``batch * beams`` rows in all).
-
-    Returns:
-      The "cache" collection, per decoder layer: self-attention keys/values [batch, heads, cache_len
-      * beams, d_k|d_v] (zeros), cross-attention keys/values [batch, heads, src_len, d_k|d_v];
-      the ancestry table int32[batch * beams, cache_len] (zeros) and scalar int32 indices (0).
-    """
-    cfg = _decode_config(model_config, cache_len, beams)
-    start = jnp.full((inputs.shape[0] * beams, 1), BOS_ID, jnp.int32)  # [B*K, 1]
-    _, state = Transformer(cfg).apply({"params": params}, encoded, inputs, start,
-                                      method=Transformer.decode, mutable=["cache"])
-    return state["cache"]
-
-
-def _leaf_name(path) -> str | None:
-    return getattr(path[-1], "key", None)
-
-
-def _cache_shape(cache: Any) -> tuple[int, int]:
-    """(cache_len, beams) of a cache built by :func:`init_cache`."""
-    shapes = {_leaf_name(path): leaf.shape for path, leaf in jax.tree_util.tree_flatten_with_path(cache)[0]}
-    if "cached_key" not in shapes or "ancestry" not in shapes:
-        raise ValueError("the cache holds no 'cached_key' or 'ancestry' leaf; build it with init_cache")
-    batch = shapes["cached_key"][0]  # [batch, heads, cache_len * beams, d_k]
-    rows, cache_len = shapes["ancestry"]  # [batch * beams, cache_len]
-    return cache_len, rows // batch
-
-
-def grow_cache(cache: Any, cache_len: int) -> Any:
-    """The cache with its self-attention buffers and ancestry zero-padded to ``cache_len`` positions
-    (indices and encoder keys/values kept)."""
-    old_len, beams = _cache_shape(cache)
-
-    def pad(path, x):
-        name = _leaf_name(path)
-        if name not in _POSITION_AXIS:
-            return x
-        widths = [(0, 0)] * x.ndim
-        widths[_POSITION_AXIS[name]] = (0, (cache_len - old_len) * (1 if name == "ancestry" else beams))
-        return jnp.pad(x, widths)
-    return jax.tree_util.tree_map_with_path(pad, cache)
+def grow_cache(state: Any, cache_len: int) -> Any:
+    """``state`` (a stepper's, any pytree) with every ``DecodeCache`` in it grown to ``cache_len``
+    positions (``DecodeCache.grow``)."""
+    is_cache = lambda x: isinstance(x, DecodeCache)
+    return jax.tree.map(lambda x: x.grow(cache_len) if is_cache(x) else x, state, is_leaf=is_cache)
 
 
 def first_cache_len_for(first_cache_len: int | None, src_len: int, max_len: int) -> int:
@@ -108,38 +59,24 @@ def first_cache_len_for(first_cache_len: int | None, src_len: int, max_len: int)
     return min(int(first_cache_len), max_len)
 
 
-def select_examples(cache: Any, examples: Array) -> Any:
-    """The cache of ``examples`` int32[m] only (in that order): every leaf with a batch axis keeps those
-    examples' entries; the ancestry table keeps their beams' rows. Indices are kept."""
-    _, beams = _cache_shape(cache)
-    rows = (examples[:, None] * beams + jnp.arange(beams)[None, :]).reshape(-1)  # [m * beams]
-
-    def take(path, x):
-        if x.ndim == 0:
-            return x
-        return jnp.take(x, rows if _leaf_name(path) == "ancestry" else examples, axis=0)
-    return jax.tree_util.tree_map_with_path(take, cache)
-
-
-def decode_step(params: Any, model_config: ModelConfig, cache: Any, encoded: Array, inputs: Array,
-                tokens: Array) -> tuple[Array, Any]:
+def decode_step(params: Any, model_config: ModelConfig, cache: DecodeCache, inputs: Array,
+                tokens: Array) -> tuple[Array, DecodeCache]:
     """One cached decoder step: logits for the next token after ``tokens``.
 
     Args:
       params: the model parameters.
-      model_config: any mode; the decode mode is derived from it and the cache.
+      model_config: any mode; the decode mode is derived from it.
       cache: from :func:`init_cache` or an earlier step.
-      encoded: float[batch, src_len, d_model] (only its shape matters once the cache exists).
       inputs: int32[batch, src_len] source ids (for the source padding mask).
       tokens: int32[batch * beams] the previous output token of every row (BOS at the first step).
 
     Returns:
       float32[batch * beams, vocab] logits and the advanced cache.
     """
-    cfg = _decode_config(model_config, *_cache_shape(cache))
-    logits, state = Transformer(cfg).apply({"params": params, "cache": cache}, encoded, inputs,
-                                           tokens[:, None], method=Transformer.decode, mutable=["cache"])
-    return logits[:, 0], state["cache"]
+    cfg = model_config.replace(decode=True, deterministic=True)
+    logits, cache = Transformer(cfg).apply({"params": params}, None, inputs, tokens[:, None], cache,
+                                           method=Transformer.decode)
+    return logits[:, 0], cache
 
 
 def _full_step(params: Any, model_config: ModelConfig, encoded: Array, inputs: Array, seqs: Array,
@@ -185,24 +122,19 @@ def make_stepper(params: Any, model_config: ModelConfig, inputs: Array, max_len:
 
     # The encoder keys/values are projected once per example and shared by its beams. The state holds
     # the sources (for the padding mask) beside the cache, so that `select` can drop examples.
-    cache = init_cache(model_config, params, encoded, inputs, cache_len or max_len, beams)
+    cache = init_cache(model_config, params, encoded, cache_len or max_len, beams)
 
     def step(state, seqs, t):
         cache, inputs = state
         previous = jax.lax.dynamic_index_in_dim(seqs, jnp.maximum(t - 1, 0), axis=1, keepdims=False)
         previous = jnp.where(t == 0, BOS_ID, previous)  # [n]
-        # Once the cache exists the decoder reads only the shape of the encoder output.
-        encoded_shape = jnp.zeros(inputs.shape + encoded.shape[2:], encoded.dtype)
-        logits, cache = decode_step(params, model_config, cache, encoded_shape, inputs, previous)
+        logits, cache = decode_step(params, model_config, cache, inputs, previous)
         return logits, (cache, inputs)
 
     def reorder(state, rows):
-        # Rows stay within their example, so only the ancestry table moves (see the module docstring).
-        def take(path, x):
-            return jnp.take(x, rows, axis=0, mode="clip") if _leaf_name(path) == "ancestry" else x
-        return jax.tree_util.tree_map_with_path(take, state[0]), state[1]
+        return state[0].reorder(rows), state[1]
 
     def select(state, examples):
-        return select_examples(state[0], examples), jnp.take(state[1], examples, axis=0)
+        return state[0].select(examples), jnp.take(state[1], examples, axis=0)
 
     return Stepper((cache, inputs), step, reorder, select)

@@ -18,7 +18,7 @@ ATTENTION_IMPLEMENTATIONS = ("dense", "blockwise")
 ATTENTION_INITS = ("matrix", "narrow")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # Set by the code that runs the model, never by a config.
-MODE_FIELDS = ("deterministic", "decode", "decode_beams", "decode_cache_len")
+MODE_FIELDS = ("deterministic", "decode")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +29,7 @@ class ModelConfig:
     ``settable_defaults()``; the model is built as ``ModelConfig(vocab_size=v, **config.model)``.
 
     Derive modes with ``dataclasses.replace(config, deterministic=True)`` (evaluation) or
-    ``decode=True`` (incremental decoding with a key/value cache).
+    ``decode=True`` (incremental decoding with a key/value cache, ``model.decode_cache``).
     """
 
     vocab_size: int
@@ -54,9 +54,7 @@ class ModelConfig:
     dtype: str = "float32"  # compute dtype; parameters are always float32
     attention_witness: bool = False  # check every attention map at run time (debugging, slow)
     deterministic: bool = False  # no dropout
-    decode: bool = False  # incremental decoding with a key/value cache
-    decode_beams: int = 1  # decode mode: decoder rows per example (beam search), sharing its cache
-    decode_cache_len: int | None = None  # decode mode: self-attention cache positions; None: max_len
+    decode: bool = False  # incremental decoding: Transformer.decode takes and returns a DecodeCache
 
     def __post_init__(self):
         # Resolve the per-head sizes first so the rest of the code can rely on them.
@@ -65,14 +63,10 @@ class ModelConfig:
         if self.d_v is None:
             object.__setattr__(self, "d_v", self._default_head_dim("d_v"))
         for name in ("vocab_size", "d_model", "d_ff", "num_heads", "d_k", "d_v",
-                     "num_encoder_layers", "num_decoder_layers", "max_len", "attention_block_size",
-                     "decode_beams"):
+                     "num_encoder_layers", "num_decoder_layers", "max_len", "attention_block_size"):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.decode_cache_len is not None and not 0 < self.decode_cache_len <= self.max_len:
-            raise ValueError(
-                f"decode_cache_len must be in [1, max_len={self.max_len}], got {self.decode_cache_len}")
         for name in ("dropout_rate", "attention_dropout_rate"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:

@@ -30,6 +30,7 @@ import numpy as np
 from transformer_jax.model import attention, blockwise_attention
 from transformer_jax.model.axes import BATCH, EMBED, HEADS, KV, LENGTH, MLP, VOCAB
 from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.decode_cache import DecodeCache, LayerCache
 from transformer_jax.model.special_ids import BOS_ID
 
 Array = jax.Array
@@ -100,8 +101,9 @@ class AddPositions(nn.Module):
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, x: Array) -> Array:
-        """float[batch, length, d_model] -> same shape, positions added."""
+    def __call__(self, x: Array, index: Array | None = None) -> Array:
+        """float[batch, length, d_model] -> same shape, positions 0.. added (with ``index``, an int32
+        scalar, the one position ``index`` to x float[rows, 1, d_model]: a cached decoding step)."""
         cfg = self.config
         length = x.shape[1]
         if cfg.position_encoding == "learned":
@@ -112,13 +114,9 @@ class AddPositions(nn.Module):
                 (cfg.max_len, cfg.d_model), jnp.float32)
         else:
             table = jnp.asarray(sinusoidal_table(cfg.max_len, cfg.d_model))
-        if cfg.decode:
-            is_initialized = self.has_variable("cache", "position_index")
-            index = self.variable("cache", "position_index", lambda: jnp.zeros((), jnp.int32))
-            if is_initialized:
-                position = jax.lax.dynamic_slice_in_dim(table, index.value, 1)  # [1, D]
-                index.value = index.value + 1
-                return x + position[None].astype(x.dtype)
+        if index is not None:
+            position = jax.lax.dynamic_slice_in_dim(table, index, 1)  # [1, D]
+            return x + position[None].astype(x.dtype)
         if length > cfg.max_len:
             raise ValueError(f"sequence length {length} exceeds max_len={cfg.max_len} of the model")
         return x + table[None, :length].astype(x.dtype)
@@ -128,30 +126,46 @@ class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O with head_i = Attention(Q W^Q_i, K W^K_i, V W^V_i).
 
     Projection kernels keep the heads as their own axis: W^Q is [d_model, h, d_k], W^O is
-    [h, d_v, d_model]. In decode mode (``config.decode``) the module keeps a "cache" collection:
-      * ``kind="self"`` (decoder self-attention): keys and values of earlier steps, one new position a call;
-      * ``kind="cross"`` (encoder-decoder attention): the projected encoder keys and values, computed once.
-    The first decode-mode call only creates the cache (see ``evaluation.kv_cache.init_cache``).
+    [h, d_v, d_model]. ``__call__`` attends over whole sequences. Cached decoding (``Decoder``) projects
+    keys and values with ``keys_values`` into its ``DecodeCache`` and attends one position to them with
+    ``attend_cached``.
     """
 
     config: ModelConfig
-    kind: str = "self"  # "self" or "cross"; matters only in decode mode
     causal: bool = False  # decoder self-attention: position i attends to positions <= i
+
+    def setup(self):
+        cfg = self.config
+        # float32 parameters, created in this order (each draws the module's next "params" key)
+        self.w_q = self._kernel("query", cfg.d_k)
+        self.w_k = self._kernel("key", cfg.d_k)
+        self.w_v = self._kernel("value", cfg.d_v)
+        self.w_o = self.param(
+            "out", nn.with_logical_partitioning(
+                _attention_init(cfg, in_axis=(0, 1), out_axis=2), (HEADS, KV, EMBED)),
+            (cfg.num_heads, cfg.d_v, cfg.d_model), jnp.float32)
 
     def _kernel(self, name: str, head_dim: int) -> Array:
         cfg = self.config
-        kernel = self.param(
+        return self.param(
             name, nn.with_logical_partitioning(
                 _attention_init(cfg, in_axis=0, out_axis=(1, 2)), (EMBED, HEADS, KV)),
             (cfg.d_model, cfg.num_heads, head_dim), jnp.float32)
-        return kernel.astype(cfg.compute_dtype)
 
-    @staticmethod
-    def _project(x: Array, kernel: Array) -> Array:
-        out = jnp.einsum("bld,dhk->blhk", x, kernel)  # [B, L, H, K]
+    def _project(self, x: Array, kernel: Array) -> Array:
+        """float[batch, len, d_model] x [d_model, h, d] -> float[batch, len, h, d]."""
+        out = jnp.einsum("bld,dhk->blhk", x, kernel.astype(self.config.compute_dtype))  # [B, L, H, K]
         return _constrain(out, (BATCH, LENGTH, HEADS, KV))
 
-    @nn.compact
+    def _output(self, heads: Array) -> Array:
+        """Concat(head_1..head_h) W^O: float[batch, len, h, d_v] -> float[batch, len, d_model]."""
+        out = jnp.einsum("blhk,hkd->bld", heads, self.w_o.astype(self.config.compute_dtype))
+        return _constrain(out, (BATCH, LENGTH, EMBED))
+
+    def keys_values(self, inputs_kv: Array) -> tuple[Array, Array]:
+        """float[batch, kv_len, d_model] -> keys float[batch, kv_len, h, d_k], values [.., d_v]."""
+        return self._project(inputs_kv, self.w_k), self._project(inputs_kv, self.w_v)
+
     def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Array | None) -> Array:
         """Attention from ``inputs_q`` to ``inputs_kv``.
 
@@ -159,103 +173,51 @@ class MultiHeadAttention(nn.Module):
           inputs_q: float[batch, q_len, d_model].
           inputs_kv: float[batch, kv_len, d_model].
           mask: bool[batch|1, 1, q_len|1, kv_len], True = may attend, or None. With ``causal`` the
-            causal mask is added here. In decode mode, ``inputs_q`` is float[batch * beams, 1, d_model]
-            and the mask is keys-first, [batch|1, 1, keys, beams|1], over this module's cache: the
-            source padding (cross) or the ancestry mask of :class:`Decoder` (self).
+            causal mask is added here.
 
         Returns:
           float[batch, q_len, d_model].
         """
         cfg = self.config
-        query = self._project(inputs_q, self._kernel("query", cfg.d_k))
-        key_kernel, value_kernel = self._kernel("key", cfg.d_k), self._kernel("value", cfg.d_v)
-        if cfg.decode:
-            if self.kind == "self":
-                key, value = self._self_attention_cache(
-                    self._project(inputs_kv, key_kernel), self._project(inputs_kv, value_kernel))
-            else:
-                key, value = self._cross_attention_cache(inputs_kv, key_kernel, value_kernel)
-            out, weights = attention.decode_attention(query, key, value, mask)
-            if cfg.attention_witness:
-                attention.witness_in_jit(weights, jnp.swapaxes(mask, 2, 3))
-        elif cfg.attention_impl == "blockwise":
-            key, value = self._project(inputs_kv, key_kernel), self._project(inputs_kv, value_kernel)
+        query = self._project(inputs_q, self.w_q)
+        key, value = self.keys_values(inputs_kv)
+        if cfg.attention_impl == "blockwise":
             out = blockwise_attention.blockwise_attention(
                 query, key, value, mask, causal=self.causal, block_size=cfg.attention_block_size)
-        else:
-            key, value = self._project(inputs_kv, key_kernel), self._project(inputs_kv, value_kernel)
-            if self.causal:
-                mask = attention.combine_masks(mask, attention.causal_mask(query.shape[1]))
-            dropout_rng = None
-            if not cfg.deterministic and cfg.attention_dropout_rate > 0:
-                dropout_rng = self.make_rng("dropout")
-            out, weights = attention.dot_product_attention(
-                query, key, value, mask, return_weights=True,
-                dropout_rate=0.0 if dropout_rng is None else cfg.attention_dropout_rate,
-                rng=dropout_rng)
-            if cfg.attention_witness:
-                attention.witness_in_jit(weights, mask)
-            # Free unless "intermediates" is mutable: lets analysis read the maps, queries and keys.
-            self.sow("intermediates", "attention_weights", weights)  # [B, H, Q, K]
-            self.sow("intermediates", "queries", query)  # [B, Q, H, d_k]
-            self.sow("intermediates", "keys", key)  # [B, K, H, d_k]
-        out_kernel = self.param(
-            "out", nn.with_logical_partitioning(
-                _attention_init(cfg, in_axis=(0, 1), out_axis=2), (HEADS, KV, EMBED)),
-            (cfg.num_heads, cfg.d_v, cfg.d_model), jnp.float32)
-        out = jnp.einsum("blhk,hkd->bld", out, out_kernel.astype(cfg.compute_dtype))
-        return _constrain(out, (BATCH, LENGTH, EMBED))
+            return self._output(out)
+        if self.causal:
+            mask = attention.combine_masks(mask, attention.causal_mask(query.shape[1]))
+        dropout_rng = None
+        if not cfg.deterministic and cfg.attention_dropout_rate > 0:
+            dropout_rng = self.make_rng("dropout")
+        out, weights = attention.dot_product_attention(
+            query, key, value, mask, return_weights=True,
+            dropout_rate=0.0 if dropout_rng is None else cfg.attention_dropout_rate, rng=dropout_rng)
+        if cfg.attention_witness:
+            attention.witness_in_jit(weights, mask)
+        # Free unless "intermediates" is mutable: lets analysis read the maps, queries and keys.
+        self.sow("intermediates", "attention_weights", weights)  # [B, H, Q, K]
+        self.sow("intermediates", "queries", query)  # [B, Q, H, d_k]
+        self.sow("intermediates", "keys", key)  # [B, K, H, d_k]
+        return self._output(out)
 
-    def _self_attention_cache(self, key: Array, value: Array) -> tuple[Array, Array]:
-        """Writes one step's keys/values into the cache; returns the whole cache, head-major.
-
-        Slot ``j`` of an example holds, at position t, what the hypothesis in beam row j wrote at step
-        t; the cache is never reordered when beams are (``Decoder``'s ancestry mask picks each row's
-        ancestors' slots instead). The buffers are position-major, [batch, heads, cache_len * beams,
-        d]: a step's keys of all beams are one contiguous block, written by one dynamic-update-slice
-        into the very array attention reads (no reshape between them). With a [.., beams, cache_len,
-        ..] buffer viewed as [.., beams * cache_len, ..], XLA:CPU copied every cache buffer 4 times
-        per step (measured in the compiled beam search).
+    def attend_cached(self, inputs_q: Array, key: Array, value: Array, mask: Array) -> Array:
+        """One decoding step's attention to cached keys and values (``attention.decode_attention``).
 
         Args:
-          key: float[batch * beams, 1, heads, d_k]; value: float[batch * beams, 1, heads, d_v].
+          inputs_q: float[batch * beams, 1, d_model].
+          key: float[batch, h, keys, d_k], value: float[batch, h, keys, d_v], head-major, shared by the
+            beams of an example (a ``LayerCache``'s).
+          mask: bool[batch|1, 1, keys, beams|1], keys first: the source padding (cross-attention) or
+            ``DecodeCache.self_attention_mask`` (self-attention).
 
         Returns:
-          keys float[batch, heads, cache_len * beams, d_k] and values [batch, heads, cache_len *
-          beams, d_v], position-major (index ``t * beams + j``).
+          float[batch * beams, 1, d_model].
         """
-        cfg = self.config
-        if key.shape[1] != 1:
-            raise ValueError(f"cached decoding takes one position per call, got {key.shape[1]}")
-        cache_len = cfg.decode_cache_len or cfg.max_len
-        rows, _, heads, _ = key.shape
-        beams = cfg.decode_beams
-        batch = rows // beams
-        is_initialized = self.has_variable("cache", "cached_key")
-        cached_key = self.variable("cache", "cached_key", jnp.zeros,
-                                   (batch, heads, cache_len * beams, cfg.d_k), key.dtype)
-        cached_value = self.variable("cache", "cached_value", jnp.zeros,
-                                     (batch, heads, cache_len * beams, cfg.d_v), value.dtype)
-        cache_index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
-        if is_initialized:
-            index = cache_index.value
-            for cached, new in ((cached_key, key), (cached_value, value)):
-                new = new.reshape(batch, beams, heads, -1).transpose(0, 2, 1, 3)  # [B, H, beams, d]
-                cached.value = jax.lax.dynamic_update_slice_in_dim(cached.value, new, index * beams, axis=2)
-            cache_index.value = index + 1
-        return cached_key.value, cached_value.value
-
-    def _cross_attention_cache(self, encoded: Array, key_kernel: Array,
-                               value_kernel: Array) -> tuple[Array, Array]:
-        """The encoder keys/values float[batch, heads, src_len, d_k|d_v], projected once (when the
-        cache is created) and shared by the beams of an example."""
-        if self.has_variable("cache", "encoded_key"):
-            return (self.get_variable("cache", "encoded_key"),
-                    self.get_variable("cache", "encoded_value"))
-        head_major = lambda kernel: jnp.transpose(self._project(encoded, kernel), (0, 2, 1, 3))
-        key = self.variable("cache", "encoded_key", head_major, key_kernel)
-        value = self.variable("cache", "encoded_value", head_major, value_kernel)
-        return key.value, value.value
+        out, weights = attention.decode_attention(self._project(inputs_q, self.w_q), key, value, mask)
+        if self.config.attention_witness:
+            attention.witness_in_jit(weights, jnp.swapaxes(mask, 2, 3))
+        return self._output(out)
 
 
 class FeedForward(nn.Module):
@@ -291,13 +253,16 @@ class Residual(nn.Module):
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, x: Array, sublayer, *args) -> Array:
+    def __call__(self, x: Array, sublayer, *args, has_aux: bool = False) -> Array | tuple[Array, Any]:
+        """x float[batch, len, d_model] -> same shape. ``sublayer(y, *args)`` returns f(y), or with
+        ``has_aux`` a pair (f(y), aux), and then so does this call: (the output, aux)."""
         cfg = self.config
         norm = _layer_norm(cfg, "norm")
         dropout = nn.Dropout(cfg.dropout_rate, deterministic=cfg.deterministic)
-        if cfg.norm_style == "pre":
-            return x + dropout(sublayer(norm(x), *args))
-        return norm(x + dropout(sublayer(x, *args)))
+        out = sublayer(norm(x) if cfg.norm_style == "pre" else x, *args)
+        y, aux = out if has_aux else (out, None)
+        x = x + dropout(y) if cfg.norm_style == "pre" else norm(x + dropout(y))
+        return (x, aux) if has_aux else x
 
 
 class EncoderLayer(nn.Module):
@@ -313,25 +278,59 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    """Masked self-attention, encoder-decoder attention, FFN; over whole sequences or one cached step."""
+
     config: ModelConfig
 
-    @nn.compact
-    def __call__(self, x: Array, encoded: Array, cross_mask: Array, self_mask: Array | None) -> Array:
-        """Masked self-attention, encoder-decoder attention, FFN.
+    def setup(self):
+        cfg = self.config
+        self.self_attention = MultiHeadAttention(cfg, causal=True)
+        self.cross_attention = MultiHeadAttention(cfg)
+        self.self_attention_block = Residual(cfg)
+        self.cross_attention_block = Residual(cfg)
+        self.ffn_block = Residual(cfg)
+        self.ffn = FeedForward(cfg)
+
+    def __call__(self, x: Array, encoded: Array, cross_mask: Array) -> Array:
+        """Teacher forcing: position i sees target positions <= i.
 
         Args:
-          x: float[batch, tgt_len, d_model] (decode mode: [batch * beams, 1, d_model]).
+          x: float[batch, tgt_len, d_model].
           encoded: float[batch, src_len, d_model].
           cross_mask: bool[batch, 1, 1, src_len] source padding mask.
-          self_mask: None (the causal mask), or in decode mode the ancestry mask of :class:`Decoder`.
+
+        Returns:
+          float[batch, tgt_len, d_model].
         """
-        cfg = self.config
-        self_attention = MultiHeadAttention(cfg, kind="self", causal=True, name="self_attention")
-        cross_attention = MultiHeadAttention(cfg, kind="cross", name="cross_attention")
-        x = Residual(cfg, name="self_attention_block")(x, lambda y: self_attention(y, y, self_mask))
-        x = Residual(cfg, name="cross_attention_block")(
-            x, lambda y: cross_attention(y, encoded, cross_mask))
-        return Residual(cfg, name="ffn_block")(x, FeedForward(cfg, name="ffn"))
+        x = self.self_attention_block(x, lambda y: self.self_attention(y, y, None))
+        x = self.cross_attention_block(x, lambda y: self.cross_attention(y, encoded, cross_mask))
+        return self.ffn_block(x, self.ffn)
+
+    def decode_step(self, x: Array, cross_mask: Array, self_mask: Array, cache: LayerCache,
+                    index: Array) -> tuple[Array, LayerCache]:
+        """One cached step: this position's keys/values are written at ``index``, then attended with the
+        cached ones.
+
+        Args:
+          x: float[batch * beams, 1, d_model].
+          cross_mask: bool[batch, 1, src_len, 1] source padding mask, keys first.
+          self_mask: bool[batch, 1, cache_len * beams, beams], ``DecodeCache.self_attention_mask``.
+          cache: this layer's cache; index: int32 scalar, the position.
+
+        Returns:
+          float[batch * beams, 1, d_model] and the cache with this step written.
+        """
+        def self_attend(y):
+            written = cache.write(*self.self_attention.keys_values(y), index)
+            out = self.self_attention.attend_cached(y, written.self_key, written.self_value, self_mask)
+            return out, written
+
+        def cross_attend(y):
+            return self.cross_attention.attend_cached(y, cache.cross_key, cache.cross_value, cross_mask)
+
+        x, cache = self.self_attention_block(x, self_attend, has_aux=True)
+        x = self.cross_attention_block(x, cross_attend)
+        return self.ffn_block(x, self.ffn), cache
 
 
 class Encoder(nn.Module):
@@ -357,65 +356,68 @@ class Decoder(nn.Module):
     config: ModelConfig
     embed: Embed
 
+    def setup(self):
+        # The layers here (not in __call__) so that init_cache reaches their encoder-decoder attention.
+        self.layers = tuple(DecoderLayer(self.config, name=f"layer_{i}")
+                            for i in range(self.config.num_decoder_layers))
+
     @nn.compact
-    def __call__(self, encoded: Array, inputs: Array, decoder_input_tokens: Array) -> Array:
-        """Logits for the next token at every decoder position.
+    def __call__(self, encoded: Array | None, inputs: Array, decoder_input_tokens: Array,
+                 cache: DecodeCache | None = None) -> Array | tuple[Array, DecodeCache]:
+        """Logits for the next token at every decoder position, or in decode mode for one cached step.
 
         Args:
-          encoded: float[batch, src_len, d_model], the encoder output.
+          encoded: float[batch, src_len, d_model], the encoder output (unused in decode mode: the cache
+            holds its keys and values).
           inputs: int[batch, src_len] source ids (for the padding mask).
           decoder_input_tokens: int[batch, tgt_len], targets shifted right. In decode mode
-            int[batch * decode_beams, 1]: one position of every beam (row ``b * beams + k``).
+            int[batch * beams, 1]: one position of every beam (row ``b * beams + k``).
+          cache: decode mode only (``config.decode``): from :meth:`init_cache` or the previous step.
 
         Returns:
-          float32[batch, tgt_len, vocab_size] logits ([batch * beams, 1, vocab] in decode mode).
+          float32[batch, tgt_len, vocab_size] logits; in decode mode float32[batch * beams, 1, vocab]
+          logits and the cache advanced by this step.
         """
         cfg = self.config
+        if cfg.decode != (cache is not None):
+            raise ValueError(f"a cache is needed in decode mode and only there (decode={cfg.decode})")
         cross_mask = attention.padding_mask(None, inputs)  # [B, 1, 1, S]
-        self_mask = None
-        if cfg.decode:  # keys first (attention.decode_attention)
-            cross_mask = jnp.swapaxes(cross_mask, 2, 3)  # [B, 1, S, 1]
-            self_mask = self._ancestry_mask(decoder_input_tokens.shape[0])
-        x = AddPositions(cfg, name="positions")(self.embed(decoder_input_tokens))
+        if cache is not None:
+            cache = cache.start_step()
+        x = AddPositions(cfg, name="positions")(
+            self.embed(decoder_input_tokens), None if cache is None else cache.index)
         x = self.perturb("embedded", x)  # identity; lets tests take gradients w.r.t. the inputs
         x = nn.Dropout(cfg.dropout_rate, deterministic=cfg.deterministic)(x)
         x = _constrain(x, (BATCH, LENGTH, EMBED))
-        for i in range(cfg.num_decoder_layers):
-            x = DecoderLayer(cfg, name=f"layer_{i}")(x, encoded, cross_mask, self_mask)
+        if cache is None:
+            for layer in self.layers:
+                x = layer(x, encoded, cross_mask)
+        else:  # keys first (attention.decode_attention)
+            cross_mask, self_mask = jnp.swapaxes(cross_mask, 2, 3), cache.self_attention_mask()
+            written = []
+            for layer, layer_cache in zip(self.layers, cache.layers, strict=True):
+                x, layer_cache = layer.decode_step(x, cross_mask, self_mask, layer_cache, cache.index)
+                written.append(layer_cache)
+            cache = cache._replace(layers=tuple(written), index=cache.index + 1)
         if cfg.norm_style == "pre":
             x = _layer_norm(cfg, "final_norm")(x)
-        return self.embed.attend(x)
+        logits = self.embed.attend(x)
+        return logits if cache is None else (logits, cache)
 
-    def _ancestry_mask(self, rows: int) -> Array:
-        """Decode mode: which cached positions each beam row attends to, as its self-attention mask.
-
-        The "cache" variable ``ancestry`` int32[batch * beams, cache_len] holds, for row r and position
-        t, the beam slot whose self-attention cache holds r's ancestor's key at t. Each step sets
-        position t to the row's own slot (it writes there); beam search reorders only this table
-        (``evaluation.kv_cache``), never the keys and values.
-
-        Returns:
-          bool[batch, 1, cache_len * beams, beams]: position t, slot j (index ``t * beams + j``, the
-          cache's order) is allowed for beam k iff t <= the step and ``ancestry[b * beams + k, t] == j``.
-        """
-        cfg = self.config
-        beams, cache_len = cfg.decode_beams, cfg.decode_cache_len or cfg.max_len
-        is_initialized = self.has_variable("cache", "ancestry")
-        ancestry = self.variable("cache", "ancestry", jnp.zeros, (rows, cache_len), jnp.int32)
-        cache_index = self.variable("cache", "cache_index", lambda: jnp.zeros((), jnp.int32))
-        index = cache_index.value
-        if is_initialized:
-            own_slot = (jnp.arange(rows, dtype=jnp.int32) % beams)[:, None]  # [rows, 1]
-            ancestry.value = jax.lax.dynamic_update_slice_in_dim(ancestry.value, own_slot, index, 1)
-            cache_index.value = index + 1
-        slots = jnp.swapaxes(ancestry.value.reshape(rows // beams, beams, cache_len), 1, 2)  # [B, T, K]
-        written = (jnp.arange(cache_len) <= index)[None, :, None, None]  # [1, T, 1, 1]
-        mask = (slots[:, :, None] == jnp.arange(beams)[None, None, :, None]) & written  # [B, T, J, K]
-        return mask.reshape(rows // beams, 1, cache_len * beams, beams)
+    def init_cache(self, encoded: Array, cache_len: int, beams: int) -> DecodeCache:
+        """An empty cache of ``cache_len`` positions for ``beams`` rows per example of ``encoded``
+        float[batch, src_len, d_model], with its projected keys and values (computed once)."""
+        if not 0 < cache_len <= self.config.max_len or beams < 1:
+            raise ValueError(f"a decode cache needs 1 <= cache_len <= max_len={self.config.max_len} and "
+                             f"beams >= 1, got cache_len={cache_len}, beams={beams}")
+        head_major = lambda x: jnp.swapaxes(x, 1, 2)  # [B, S, H, d] -> [B, H, S, d]
+        cross = [tuple(map(head_major, layer.cross_attention.keys_values(encoded))) for layer in self.layers]
+        return DecodeCache.create(cross, cache_len, beams)
 
 
 class Transformer(nn.Module):
-    """Encoder-decoder Transformer with ``encode``, ``decode`` and ``__call__`` (teacher forcing)."""
+    """Encoder-decoder Transformer with ``encode``, ``decode`` and ``__call__`` (teacher forcing); in
+    decode mode ``decode`` runs one step against a cache from ``init_cache``."""
 
     config: ModelConfig
 
@@ -429,9 +431,15 @@ class Transformer(nn.Module):
         """int[batch, src_len] -> float[batch, src_len, d_model]."""
         return self.encoder(inputs)
 
-    def decode(self, encoded: Array, inputs: Array, decoder_input_tokens: Array) -> Array:
-        """See :class:`Decoder`. Returns float32[batch, tgt_len, vocab_size] logits."""
-        return self.decoder(encoded, inputs, decoder_input_tokens)
+    def init_cache(self, encoded: Array, cache_len: int, beams: int = 1) -> DecodeCache:
+        """The decode cache for ``encoded`` float[batch, src_len, d_model]: see :class:`DecodeCache`."""
+        return self.decoder.init_cache(encoded, cache_len, beams)
+
+    def decode(self, encoded: Array | None, inputs: Array, decoder_input_tokens: Array,
+               cache: DecodeCache | None = None) -> Array | tuple[Array, DecodeCache]:
+        """See :class:`Decoder`: float32[batch, tgt_len, vocab_size] logits, or in decode mode one step
+        against ``cache``: (logits float32[batch * beams, 1, vocab], the advanced cache)."""
+        return self.decoder(encoded, inputs, decoder_input_tokens, cache)
 
     def __call__(self, inputs: Array, targets: Array) -> Array:
         """Teacher-forced logits float32[batch, tgt_len, vocab] for int[batch, src_len] inputs and
