@@ -7,6 +7,7 @@ import pytest
 
 from configs import default as default_config
 from transformer_jax import run_config
+from transformer_jax.checkpoints import integrity
 from transformer_jax.runtime.errors import ConfigError, MissingFileError, UserError
 from transformer_jax.training import loop
 
@@ -44,6 +45,16 @@ def test_a_config_saved_before_cooldown_existed_has_none():
     saved = json.loads(json.dumps(dict(run_config.build_run_config(default_config.get_config()).saved)))
     del saved["train"]["cooldown_steps"]
     assert run_config.run_config_from_saved(saved).train.cooldown_steps == 0
+
+
+def test_a_config_saved_with_the_old_decode_mode_fields_still_restores():
+    """Model configs once held decode_cache_len and decode_beams (now the decode cache's shapes): a
+    checkpoint that saved them reads back, and a resume does not count them as a model difference."""
+    saved = json.loads(json.dumps(dict(run_config.build_run_config(default_config.get_config()).saved)))
+    old = json.loads(json.dumps(saved))
+    old["model"].update(decode_cache_len=200, decode_beams=4)
+    assert run_config.run_config_from_saved(old) == run_config.run_config_from_saved(saved)
+    assert integrity.model_differences(old, saved) == []
 
 
 @pytest.mark.parametrize("section, field", [("train", "num_stepz"), ("data", "vocab_sise"),
