@@ -292,16 +292,8 @@ class DecoderLayer(nn.Module):
         self.ffn = FeedForward(cfg)
 
     def __call__(self, x: Array, encoded: Array, cross_mask: Array) -> Array:
-        """Teacher forcing: position i sees target positions <= i.
-
-        Args:
-          x: float[batch, tgt_len, d_model].
-          encoded: float[batch, src_len, d_model].
-          cross_mask: bool[batch, 1, 1, src_len] source padding mask.
-
-        Returns:
-          float[batch, tgt_len, d_model].
-        """
+        """x float[batch, tgt_len, d_model] (position i sees positions <= i), the encoder output
+        float[batch, src_len, d_model] and its padding mask bool[batch, 1, 1, src_len] -> x's shape."""
         x = self.self_attention_block(x, lambda y: self.self_attention(y, y, None))
         x = self.cross_attention_block(x, lambda y: self.cross_attention(y, encoded, cross_mask))
         return self.ffn_block(x, self.ffn)
