@@ -22,7 +22,7 @@ from transformer_jax.model.transformer import Transformer, shift_right
 
 Array = jax.Array
 
-# The first phase's cache holds the source length plus this many positions (see the module docstring).
+# The first phase's cache holds the source length plus this many positions (decode.py's module docstring).
 FIRST_CACHE_EXTRA = 16
 
 
