@@ -1,4 +1,5 @@
-"""Parsing evaluation (transformer_jax/evaluation/parsing.py): chunked decoding, the report, end to end."""
+"""Parsing evaluation (transformer_jax/evaluation/parsing.py): decoding through translation's path, the
+report, end to end."""
 
 import json
 import os
@@ -12,8 +13,8 @@ import pytest
 from tiny import config_with
 
 from transformer_jax import run_config
-from transformer_jax.data import EvalBatch, default_data_config
-from transformer_jax.evaluation import decode, paper, parsing
+from transformer_jax.data import EvalBatch, default_data_config, get_source, load_or_train_tokenizer
+from transformer_jax.evaluation import decode, paper, parsing, translation, tree_constraints
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import PAD_ID
 from transformer_jax.model.transformer import Transformer
@@ -34,9 +35,10 @@ def _tiny_model(vocab_size=37, **overrides):
 class _IdsTokenizer:
     """Decodes ids as space-joined numbers up to EOS (so outputs can be compared exactly)."""
 
-    def decode_batch(self, ids_2d):
-        return [" ".join(str(i) for i in row[: list(row).index(1)] if i != PAD_ID) if 1 in list(row)
-                else " ".join(str(i) for i in row if i != PAD_ID) for row in np.asarray(ids_2d)]
+    def decode_batch(self, rows):
+        rows = [list(np.asarray(row)) for row in rows]
+        return [" ".join(str(i) for i in row[: row.index(1)] if i != PAD_ID) if 1 in row
+                else " ".join(str(i) for i in row if i != PAD_ID) for row in rows]
 
 
 def _batches(sources, padded_len, batch_size):
@@ -54,28 +56,17 @@ def _batches(sources, padded_len, batch_size):
     return batches
 
 
-def test_cache_bytes_hand_computed():
-    config, _ = _tiny_model(d_model=24, num_heads=3, d_k=5, d_v=7, num_decoder_layers=3)
-    # 3 layers x 5 rows x (7 beams x 13 + 9 source positions) x 3 heads x (5 + 7) x 4 bytes, and the
-    # ancestry: 5 rows x 7 beams x 13 positions x 4 bytes
-    assert (parsing.cache_bytes(config, 5, 7, src_len=9, cache_len=13)
-            == 3 * 5 * (7 * 13 + 9) * 36 * 4 + 5 * 7 * 13 * 4)
-    per_sentence = parsing.cache_bytes(config, 1, 21, src_len=9, cache_len=309)
-    assert parsing.chunk_rows(config, 21, 9, 309, budget_bytes=3 * per_sentence + 1) == 3
-    assert parsing.chunk_rows(config, 21, 9, 309, budget_bytes=1) == 1
-
-
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_decode_split_matches_one_sentence_at_a_time(beam_size):
-    """Regrouping by source length, chunking (with filler rows) and restoring the split order give
+    """Re-batching by source length (batches of 2 with a filler row) and restoring the split order give
     what decoding each sentence alone gives."""
     config, params = _tiny_model()
     rng = np.random.default_rng(0)
     sources = [list(rng.integers(4, 37, size=n)) for n in (3, 20, 5, 17, 9, 3, 11)]
     batches = _batches(sources, padded_len=40, batch_size=3)
-    budget = parsing.cache_bytes(config, 2, beam_size, src_len=16, cache_len=16 + 13)
+    budget = 2 * beam_size * (24 + 13)  # 2 sentences at the longest padded length, more at shorter ones
     got = parsing.decode_split(params, config, _IdsTokenizer(), batches, beam_size=beam_size,
-                                    alpha=0.3, max_extra_len=13, cache_budget_bytes=budget)
+                               alpha=0.3, max_extra_len=13, tokens_per_batch=budget)
     want = []
     for ids in sources:  # each alone, in one padded width (one compiled program; limits use ids)
         inputs = np.full((1, 24), PAD_ID, np.int32)
@@ -91,25 +82,58 @@ def test_decode_split_matches_one_sentence_at_a_time(beam_size):
 
 
 def test_beam21_with_input_plus_300_fits_the_cache_budget():
-    """The paper's parsing decoding (beam 21, input + 300) on sample-length sentences: every chunk's
+    """The paper's parsing decoding (beam 21, input + 300) on sample-length sentences: every batch's
     cache stays within the budget, and outputs respect the length limit."""
     config, params = _tiny_model(max_len=64 + paper.PARSING_MAX_EXTRA_LEN)
     rng = np.random.default_rng(1)
     lengths = (61, 47, 30)  # WSJ sample sentences: 24 words on average, 54 at most in test
     sources = [list(rng.integers(4, 37, size=n)) for n in lengths]
     batches = _batches(sources, padded_len=64, batch_size=3)
-    budget = 4 * 2**20
-    src_len = 64  # 62 tokens with EOS, rounded up to 16
-    rows = parsing.chunk_rows(config, paper.PARSING_BEAM_SIZE, src_len, src_len + 300, budget)
-    assert 1 <= rows < 3  # the budget forces chunks ...
-    assert parsing.cache_bytes(config, rows, 21, src_len, src_len + 300) <= budget  # ... that fit
+    settings = translation.Settings(paper.PARSING_BEAM_SIZE, paper.PARSING_LENGTH_PENALTY_ALPHA,
+                                    paper.PARSING_MAX_EXTRA_LEN)
+    budget = 2 * 21 * (64 + 300)
+    buckets, sizes = translation.decode_buckets(62, settings, budget, config.max_len - 300)
+    assert buckets == [32, 64] and sizes == [2, 2]  # the budget forces batches ...
+    assert all(21 * rows * (length + 300) <= budget for length, rows in zip(buckets, sizes, strict=True))
     outputs = parsing.decode_split(
         params, config, _IdsTokenizer(), batches, beam_size=paper.PARSING_BEAM_SIZE,
         alpha=paper.PARSING_LENGTH_PENALTY_ALPHA, max_extra_len=paper.PARSING_MAX_EXTRA_LEN,
-        cache_budget_bytes=budget)
+        tokens_per_batch=budget)
     assert len(outputs) == 3
     for output, n in zip(outputs, lengths, strict=True):
         assert len(output.split()) <= n + 1 + paper.PARSING_MAX_EXTRA_LEN
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_constrained_outputs_do_not_depend_on_the_budget(tmp_path, beam_size):
+    """With the tree constraint (the words as leaves), outputs under two budgets (one batch; batches of
+    one or two sentences) equal each other and the constrained search over one batch of every sentence."""
+    data = default_data_config(source="synthetic_trees", synthetic_train_size=300, synthetic_dev_size=5,
+                               synthetic_test_size=7, vocab_size=150, tree_leaves="words")
+    tokenizer = load_or_train_tokenizer(data, str(tmp_path))
+    config, params = _tiny_model(vocab_size=tokenizer.vocab_size, max_len=160)
+    words = [t.words() for t in get_source(data).trees("test")]
+    sources = [tokenizer.encode(" ".join(w)) for w in words]
+    batches = _batches(sources, padded_len=max(map(len, sources)) + 1, batch_size=4)
+    settings = dict(beam_size=beam_size, alpha=0.3, max_extra_len=20, words=words)
+    small = parsing.decode_split(params, config, tokenizer, batches,
+                                 tokens_per_batch=2 * beam_size * 28, **settings)
+    large = parsing.decode_split(params, config, tokenizer, batches, **settings)
+    inputs = _batches(sources, padded_len=max(map(len, sources)) + 1, batch_size=len(sources))[0]
+    order = np.argsort(inputs.indices)
+    constraint = tree_constraints.TreeConstraint.from_tokenizer(tokenizer)
+    if beam_size == 1:
+        tokens = decode.greedy_search(params, config, inputs.inputs, max_extra_len=20, constraint=constraint)
+    else:
+        tokens, _ = decode.beam_search(params, config, inputs.inputs, beam_size=beam_size, alpha=0.3,
+                                       max_extra_len=20, constraint=constraint)
+    tokens = np.asarray(tokens)
+    want = [" ".join(tree_constraints.output_tokens(tokens[r], tokenizer, inputs.inputs[r], words[i]))
+            for r, i in ((r, int(inputs.indices[r])) for r in order)]
+    assert small == large == want
+    settings = translation.Settings(beam_size, 0.3, 20)
+    _, sizes = translation.decode_buckets(max(map(len, sources)) + 1, settings, 2 * beam_size * 28)
+    assert max(sizes) <= 2 < len(sources)  # the small budget decodes in many batches
 
 
 def _report(**overrides):

@@ -14,7 +14,8 @@ from tiny import config_with, untrained_workdir
 
 from transformer_jax import data as data_lib
 from transformer_jax.checkpoints import restore
-from transformer_jax.evaluation import decode, scoring, translation
+from transformer_jax.data import eval_batches
+from transformer_jax.evaluation import decode, scoring, translation, workdir_scoring
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import EOS_ID, PAD_ID
@@ -50,23 +51,35 @@ def _one_batch(ids):
 # Batch plans.
 
 
-@pytest.mark.parametrize("beams,extra,budget", [(1, 3, 700), (5, 50, 96 * 1024), (4, 0, 3000)])
+def _plan(lengths, beams, extra, budget, max_src_len=None):
+    """decode_ids' batches: the one planner with the decoding buckets and rows."""
+    settings = translation.Settings(beams, 0.6, extra)
+    buckets, sizes = translation.decode_buckets(max(lengths, default=0), settings, budget, max_src_len)
+    return eval_batches.plan_batches(lengths, buckets, sizes, round_partial=True)
+
+
+# Translation (greedy; the paper's beam 4, input + 50) and parsing (beam 21, input + 300; greedy dev F1).
+@pytest.mark.parametrize("beams,extra,budget", [(1, 3, 700), (5, 50, 96 * 1024), (4, 0, 3000),
+                                                (21, 300, 192 * 1024), (21, 300, 24 * 1024),
+                                                (1, 300, 192 * 1024)])
 def test_plan_covers_every_sentence_once_sorted_and_within_budget(beams, extra, budget):
     lengths = np.random.default_rng(3).integers(1, 90, size=1001)
-    batches = translation.plan_batches(lengths, beams=beams, max_extra_len=extra, tokens_per_batch=budget)
+    batches = _plan(lengths, beams, extra, budget)
     covered = np.concatenate([b.indices for b in batches])
     assert sorted(covered.tolist()) == list(range(1001))  # each exactly once
-    src_lens = [b.src_len for b in batches]
+    src_lens = [b.length for b in batches]
     assert src_lens == sorted(src_lens)
+    step = 32 if extra == 300 else 8
     for k, b in enumerate(batches):
-        assert lengths[b.indices].max() <= b.src_len
-        assert b.src_len % 8 == 0 or b.src_len == lengths.max()
+        assert lengths[b.indices].max() <= b.length
+        assert b.length % (step if b.length <= 64 else 8) == 0 or b.length == lengths.max()
         assert len(b.indices) <= b.rows
-        assert beams * b.rows * (b.src_len + extra) <= budget or b.rows == 8
+        assert beams * b.rows * (b.length + extra) <= budget or b.rows == 1
+        assert b.rows % 8 == 0 or b.rows < 8 or k == len(batches) - 1
         if k < len(batches) - 1:  # only the last batch has padding rows
             assert len(b.indices) == b.rows
-    last = batches[-1]
-    assert last.rows in (len(last.indices), translation.padded_rows(len(last.indices)))
+    last = batches[-1]  # rounded up to few sizes, at most a full batch
+    assert len(last.indices) <= last.rows <= eval_batches.padded_rows(len(last.indices))
 
 
 def test_default_budget_is_a_fixed_cache_size():
@@ -81,21 +94,36 @@ def test_default_budget_is_a_fixed_cache_size():
 
 
 def test_padded_rows_are_four_sizes_an_octave():
-    rows = [translation.padded_rows(n) for n in range(1, 300)]
-    assert [translation.padded_rows(n) for n in (1, 3, 5, 8, 9, 17, 25, 33, 129, 144, 161, 257)] == [
+    rows = [eval_batches.padded_rows(n) for n in range(1, 300)]
+    assert [eval_batches.padded_rows(n) for n in (1, 3, 5, 8, 9, 17, 25, 33, 129, 144, 161, 257)] == [
         1, 4, 8, 8, 16, 24, 32, 40, 160, 160, 192, 320]
     assert all(n <= r and (r <= 8 or (r % 8 == 0 and r < 1.25 * n + 8)) for n, r in enumerate(rows, start=1))
     assert len(set(r for r in rows if 128 < r <= 256)) == 4
 
 
 def test_plan_of_one_sentence_is_one_row_and_of_none_is_empty():
-    (batch,) = translation.plan_batches([5], beams=4, max_extra_len=50, tokens_per_batch=96 * 1024)
-    assert (batch.rows, batch.src_len, batch.indices.tolist()) == (1, 8, [0])
-    assert translation.plan_batches([], beams=4, max_extra_len=50, tokens_per_batch=96 * 1024) == []
-    capped = translation.plan_batches([5, 9, 11], beams=1, max_extra_len=3, tokens_per_batch=96 * 1024,
-                                      max_src_len=11)
-    # One batch (too few for 8 rows at length 8), never padded beyond the position table.
-    assert [(b.src_len, b.rows) for b in capped] == [(11, 4)]
+    (batch,) = _plan([5], 4, 50, 96 * 1024)
+    assert (batch.rows, batch.length, batch.indices.tolist()) == (1, 8, [0])
+    assert _plan([], 4, 50, 96 * 1024) == []
+    capped = _plan([5, 9, 11], 1, 3, 96 * 1024, max_src_len=11)
+    # One batch (too few to fill a batch at length 8), never padded beyond the position table.
+    assert [(b.length, b.rows) for b in capped] == [(11, 4)]
+
+
+def test_parsing_plan_compiles_fewer_shapes_than_padding_to_multiples_of_16():
+    """Beam 21 over input + 300 on WSJ-like lengths: lengths step by 32 up to 64, so fewer shapes than
+    the 16-token grid parsing used before, each within the same budget."""
+    lengths = np.clip(np.random.default_rng(4).normal(25, 11, size=2416).round(), 1, 80).astype(int)
+    batches = _plan(lengths, 21, 300, 192 * 1024)
+    shapes = {(b.length, b.rows) for b in batches}
+    assert len(shapes) <= len({-(-n // 16) for n in lengths})
+    assert {b.length for b in batches} <= {32, 64, 80}
+
+
+def test_rows_are_a_multiple_of_8_or_what_fits():
+    assert translation.batch_rows(192 * 1024, 5, 114) == 344  # 344.9 -> a multiple of 8
+    assert translation.batch_rows(24 * 1024, 21, 364) == 3  # too few for 8: what fits
+    assert translation.batch_rows(100, 21, 364) == 1  # never none
 
 
 # --------------------------------------------------------------------------------------------------
@@ -107,8 +135,7 @@ def test_greedy_decode_ids_equals_greedy_search_of_one_batch_exactly():
     params = model_lib.init_params(cfg, rng=jax.random.key(1))
     settings = translation.Settings(beam_size=1, max_extra_len=5)
     got = translation.decode_ids(params, cfg, ids, settings, tokens_per_batch=8 * 30)  # several batches
-    assert len(translation.plan_batches([len(s) for s in ids], beams=1, max_extra_len=5,
-                                        tokens_per_batch=8 * 30)) >= 3
+    assert len(_plan([len(s) for s in ids], 1, 5, 8 * 30)) >= 3
     expected = np.asarray(decode.greedy_search(params, cfg, _one_batch(ids), max_extra_len=5))
     for i, (g, s) in enumerate(zip(got, ids, strict=True)):
         assert g.shape == (len(s) + 5,)
@@ -308,9 +335,9 @@ def test_the_output_path_is_checked_before_decoding(workdir, tmp_path, monkeypat
     assert line.startswith(f"error: --output={tmp_path} is a folder; expected a file path")
     # Nothing is restored or decoded first: the same errors come before a workdir is even read.
     calls = []
-    monkeypatch.setattr(translation, "restore_workdir", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(workdir_scoring, "restore_workdir", lambda *a, **k: calls.append(a))
     with pytest.raises(ConfigError, match="does not exist"):
-        translation.translate_workdir(workdir, input_path=str(tmp_path / "in.txt"),
+        workdir_scoring.translate_workdir(workdir, input_path=str(tmp_path / "in.txt"),
                                       output_path=str(tmp_path / "nosuchdir" / "out.de"))
     assert calls == []
 

@@ -7,7 +7,8 @@ One sentence a line from stdin (or --input); the detokenized translations, one a
 order, go to stdout (or --output). An empty line gives an empty line. A line too long for the model is
 an error naming it, unless --truncate. Sentences are sorted by length and batched by a token budget
 internally; a progress bar goes to stderr when the input is a file. The logic is in
-transformer_jax.evaluation.translation; a user error prints two lines and exits 1.
+transformer_jax.evaluation.workdir_scoring (evaluate.py's driver: the same restore, averaging and
+decoding path); a user error prints two lines and exits 1.
 """
 
 import json
@@ -15,7 +16,7 @@ import sys
 
 from absl import flags, logging
 
-from transformer_jax.evaluation import translation
+from transformer_jax.evaluation import translation, workdir_scoring
 from transformer_jax.runtime import compile_cache, errors
 
 _WORKDIR = flags.DEFINE_string("workdir", "workdir", "A train.py workdir.")
@@ -58,7 +59,7 @@ _STATS = flags.DEFINE_bool(
 def main(argv):
     logging.set_verbosity(logging.WARNING)
     compile_cache.enable(_COMPILATION_CACHE_DIR.value)
-    stats = translation.translate_workdir(
+    stats = workdir_scoring.translate_workdir(
         _WORKDIR.value, input_path=_INPUT.value, output_path=_OUTPUT.value, step=_STEP.value,
         average_last=_AVERAGE_LAST.value, beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value,
         max_extra_len=_MAX_EXTRA_LEN.value, truncate=_TRUNCATE.value,

@@ -277,7 +277,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_integer("average_last", 0, "Throughput mode: average the last N checkpoints first.",
                          flag_values=flag_values)
     flags.DEFINE_integer("tokens_per_batch", None,
-                         "Throughput mode: the decoding batch budget (translation.plan_batches); "
+                         "Throughput mode: the decoding batch budget (translation.batch_rows); "
                          "default: the model's (translation.default_tokens_per_batch).",
                          flag_values=flag_values)
     flags.DEFINE_list("engines", ["jax"], "Comma-separated decoders, of jax and ctranslate2 (the exported "

@@ -1,7 +1,9 @@
 """Evaluation batches: every example of a split exactly once, none truncated, bucketed like training.
 
-Batch sizes follow the train rule of ``batching.py`` (``tokens_per_batch // L``, down to a multiple of
-``batch_multiple``), so evaluation compiles the same few shapes.
+:func:`plan_batches` is the one batch planner of evaluation: :func:`make_eval_batches` (perplexity, and
+the pairs decoding reads) plans with the train rule of ``batching.py`` (``tokens_per_batch // L``, down
+to a multiple of ``batch_multiple``), so evaluation compiles the same few shapes; decoding
+(``evaluation.translation.decode_ids``) plans with its cache budget.
 """
 
 from __future__ import annotations
@@ -18,6 +20,16 @@ from transformer_jax.data.config import validate_data_config
 from transformer_jax.data.sources import TextSource, get_source
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.runtime.errors import ConfigError, DataError
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedBatch:
+    """One planned batch: examples ``indices`` int64[num_real] in row order, padded to ``length`` tokens
+    and to ``rows`` rows (``rows - num_real`` padding rows)."""
+
+    indices: np.ndarray
+    length: int
+    rows: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,12 +98,9 @@ def make_eval_batches(
     max_len minus the output allowance). An example longer than that (either side, EOS included)
     raises DataError naming it by `locations[i]` (e.g. "newstest2014.en:17") or its 1-based number.
 
-    Order: by bucket (shortest first), then by source length, then by position in the split, so that
-    a batch's sources (and so its outputs) are of similar length and decoding stops early. Examples
-    longer than the largest bucket go to the buckets of ``extended_buckets``. Batch sizes follow the
-    train rule (tokens_per_batch // L, down to a multiple of batch_multiple). The examples a bucket
-    cannot fill a batch with move up to the next bucket (padded longer), so that only the very last
-    batch is completed with PAD rows: a decoding step costs the same for a PAD row as for a real one.
+    Batches are bucketed by the longer side (:func:`plan_batches`, ordered by source length within a
+    bucket), examples longer than the largest bucket in the buckets of ``extended_buckets``, and a
+    batch's size follows the train rule (tokens_per_batch // L, down to a multiple of batch_multiple).
     """
     validate_data_config(data_config)
     source = None
@@ -113,28 +122,70 @@ def make_eval_batches(
             locations = [f"{path}:{line}" for line in source.line_numbers[split]]
         _raise_too_long(src_lengths, tgt_lengths, max_length, split, locations)
     buckets = extended_buckets(data_config.length_buckets, int(lengths.max()) if len(lengths) else 0)
-    bucket_of = assign_buckets(lengths, buckets)
     sizes = bucket_batch_sizes(buckets, data_config.tokens_per_batch, batch_multiple)
+    batches = []
+    for batch in plan_batches(lengths, buckets, sizes, sort_by=src_lengths):
+        rows = np.full(batch.rows, -1, dtype=np.int64)
+        rows[: len(batch.indices)] = batch.indices
+        batches.append(
+            EvalBatch(
+                inputs=gather_padded(src_flat, src_offsets, rows, batch.length),
+                targets=gather_padded(tgt_flat, tgt_offsets, rows, batch.length),
+                source_texts=[pairs[i][0] for i in batch.indices],
+                target_texts=[pairs[i][1] for i in batch.indices],
+                indices=batch.indices,
+                num_real=len(batch.indices),
+            )
+        )
+    return batches
+
+
+def plan_batches(lengths: Sequence[int], buckets: Sequence[int], sizes: Sequence[int], *,
+                 sort_by: Sequence[int] | None = None, round_partial: bool = False) -> list[PlannedBatch]:
+    """Batches covering every example exactly once, shortest bucket first: the one evaluation planner.
+
+    Example i goes to the smallest bucket >= ``lengths[i]``; within a bucket, examples go by ``sort_by``
+    (default ``lengths``), then by index, so that a batch's sources (and so its outputs) are of similar
+    length and decoding stops early. A full batch of bucket b holds ``sizes[b]`` examples. The examples a
+    bucket cannot fill a batch with move up to the next bucket (padded longer), so that only the very
+    last batch is partial: a decoding step costs the same for a padding row as for a real one.
+
+    Args:
+      lengths: int[n] each example's length (what its padded length must hold).
+      buckets: increasing padded lengths, the last >= every length.
+      sizes: int[len(buckets)] rows of a full batch of each bucket, each >= 1.
+      sort_by: int[n] the order within a bucket.
+      round_partial: the last batch's rows are :func:`padded_rows` of its examples (at most its
+        bucket's size) instead of the full size: fewer padding rows, still few shapes.
+
+    Returns:
+      Batches in increasing ``length``.
+    """
+    lengths = np.asarray(lengths, np.int64)
+    sort_by = lengths if sort_by is None else np.asarray(sort_by)
+    bucket_of = assign_buckets(lengths, buckets)
     batches = []
     carried = np.zeros(0, np.int64)  # the previous buckets' leftovers: too few for a batch of their own
     for b, (length, size) in enumerate(zip(buckets, sizes, strict=True)):
         members = np.flatnonzero(bucket_of == b)
-        members = np.concatenate([carried, members[np.argsort(src_lengths[members], kind="stable")]])
+        members = np.concatenate([carried, members[np.argsort(sort_by[members], kind="stable")]])
         last = b == len(buckets) - 1
         full = len(members) if last else len(members) - len(members) % size
         for start in range(0, full, size):
             real = members[start : min(start + size, full)]
-            rows = np.full(size, -1, dtype=np.int64)
-            rows[: len(real)] = real
-            batches.append(
-                EvalBatch(
-                    inputs=gather_padded(src_flat, src_offsets, rows, length),
-                    targets=gather_padded(tgt_flat, tgt_offsets, rows, length),
-                    source_texts=[pairs[i][0] for i in real],
-                    target_texts=[pairs[i][1] for i in real],
-                    indices=real,
-                    num_real=len(real),
-                )
-            )
+            partial = len(real) < size
+            rows = min(size, padded_rows(len(real))) if partial and round_partial else size
+            batches.append(PlannedBatch(real, int(length), rows))
         carried = members[full:]
     return batches
+
+
+def padded_rows(n: int) -> int:
+    """Rows for a partial batch of n examples: 1, 2, 4 or 8 up to 8, then a multiple of 8 that is
+    1, 1.25, 1.5 or 1.75 times a power of two (144 -> 160), so that a padding row costs at most a
+    quarter more and few shapes are compiled. A padding row runs every step as an example does."""
+    if n <= 8:
+        return 1 << (n - 1).bit_length()
+    step = max(8, 1 << ((n - 1).bit_length() - 3))
+    return -(-n // step) * step
+

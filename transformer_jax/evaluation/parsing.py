@@ -7,8 +7,8 @@ decoder and checkpoints are the translation ones. What differs is here:
   is constrained by ``tree_constraints.TreeConstraint`` so each output is a tree over exactly the
   input words, and the outputs are written with those words as leaves; beam search with the
   config's ``final_beam_size`` / ``final_alpha`` / ``final_max_extra_len`` (the paper: 21, 0.3,
-  input + 300). Sentences are regrouped by source length and decoded in chunks whose key/value
-  cache fits ``cache_budget_bytes`` (see ``cache_bytes``), so beam 21 with a 300-token
+  input + 300). The sentences go through translation's decoding path (``translation.decode_ids``:
+  its planner and cache budget, with the constraint as an option), so beam 21 with a 300-token
   allowance does not exhaust memory;
 - scoring: ``evalb.parsing_report`` (EVALB with COLLINS.prm, outputs repaired and counted, the
   right-branching baseline scored the same way) instead of BLEU;
@@ -21,20 +21,13 @@ decoder and checkpoints are the translation ones. What differs is here:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from transformer_jax import data as data_lib
-from transformer_jax.evaluation import decode, evalb, paper, tree_constraints
+from transformer_jax.evaluation import evalb, paper, scoring, translation, tree_constraints
 from transformer_jax.model.config import ModelConfig
-from transformer_jax.model.special_ids import PAD_ID
 
-# Upper bound on one decode call's key/value cache (the while loop keeps about two copies alive).
-CACHE_BUDGET_BYTES = 512 * 2**20
-LENGTH_ROUNDING = 16  # source lengths are padded up to a multiple of this: few compiled programs
 WSJ23_SENTENCES = 2416  # sentences of WSJ section 23, the test set of Table 4 (EVALB's count)
 PAPER_SPLIT = {"train": "02-21", "dev": "22", "test": "23"}  # the WSJ sections of Table 4
 # The figures of this run that the report shows, in order: (key, row name).
@@ -43,39 +36,14 @@ REPORT_KEYS = (("f1", "F1 (EVALB, COLLINS.prm)"), ("precision", "precision"), ("
 _NONE = "—"
 
 
-def cache_bytes(model_config: ModelConfig, rows: int, beam_size: int, src_len: int, cache_len: int) -> int:
-    """Bytes of the decode cache for ``rows`` sentences: in each decoder layer, self-attention
-    keys/values [rows, heads, cache_len * beam, d_k|d_v] and cross-attention keys/values
-    [rows, heads, src_len, d_k|d_v] (shared by the beams); and the int32 ancestry table
-    [rows * beam, cache_len].
-
-    E.g. the sample config (d_model 128, 4 layers, f32) with beam 21, a 48-token source and
-    cache_len 348: 4 * 2 * 128 * 4 B * (21 * 348 + 48) + 21 * 348 * 4 B = 30 MB per sentence.
-    """
-    per_position = model_config.num_heads * (model_config.d_k + model_config.d_v)
-    itemsize = np.dtype(model_config.compute_dtype).itemsize
-    keys_values = (model_config.num_decoder_layers * rows * (beam_size * cache_len + src_len)
-                   * per_position * itemsize)
-    return keys_values + rows * beam_size * cache_len * np.dtype(np.int32).itemsize
-
-
-def chunk_rows(model_config: ModelConfig, beam_size: int, src_len: int, cache_len: int,
-               budget_bytes: int = CACHE_BUDGET_BYTES) -> int:
-    """The most sentences one decode call takes within ``budget_bytes`` of cache (at least 1)."""
-    return max(1, budget_bytes // cache_bytes(model_config, 1, beam_size, src_len, cache_len))
-
-
 def decode_split(params, model_config: ModelConfig, tokenizer, batches, *, beam_size: int,
-                 alpha: float, max_extra_len: int,
-                 cache_budget_bytes: int = CACHE_BUDGET_BYTES,
-                 words: Sequence[Sequence[str]] | None = None, constrain: bool = True) -> list[str]:
+                 alpha: float, max_extra_len: int, words: Sequence[Sequence[str]] | None = None,
+                 constrain: bool = True, tokens_per_batch: int | None = None) -> list[str]:
     """Decoded target strings of every real row of ``batches``, in the split's order.
 
-    The eval batches are bucketed by max(source, target) length, so a parsing batch pads its short
-    sources to the long target length; here the sources are regrouped by their own length (rounded
-    up to ``LENGTH_ROUNDING``) and decoded in chunks of ``chunk_rows`` sentences (a short chunk is
-    filled with copies of its first sentence, whose outputs are dropped). Output i may be at most
-    (source length_i + ``max_extra_len``) tokens long, capped by the model's ``max_len``.
+    The sources are decoded by ``scoring.decode_batches`` (translation's path: re-batched by their own
+    length within the decoding budget ``tokens_per_batch``, None for the model's); output i may be at
+    most (source length_i + ``max_extra_len``) tokens long.
 
     Args:
       batches: ``data.EvalBatch`` items; ``indices`` give each row's position in the split.
@@ -86,48 +54,19 @@ def decode_split(params, model_config: ModelConfig, tokenizer, batches, *, beam_
     """
     constraint = tree_constraints.TreeConstraint.from_tokenizer(tokenizer)
     with_words = constraint is not None and words is not None
-    if not (with_words and constrain):
-        constraint = None
-    sources: dict[int, np.ndarray] = {}
-    for b in batches:
-        for row, index in enumerate(b.indices):
-            ids = np.asarray(b.inputs[row])
-            sources[int(index)] = ids[ids != PAD_ID]
-    order = sorted(sources, key=lambda i: (len(sources[i]), i))
-    outputs: dict[int, str] = {}
-    start = 0
-    while start < len(order):
-        src_len = -(-len(sources[order[start]]) // LENGTH_ROUNDING) * LENGTH_ROUNDING
-        group = [i for i in order[start:] if len(sources[i]) <= src_len]
-        cache_len = min(model_config.max_len, src_len + max_extra_len)
-        size = min(len(group), chunk_rows(model_config, beam_size, src_len, cache_len, cache_budget_bytes))
-        for first in range(0, len(group), size):
-            chunk = group[first:first + size]
-            inputs = np.full((size, src_len), PAD_ID, np.int32)  # [rows, src_len]
-            for row in range(size):
-                ids = sources[chunk[row] if row < len(chunk) else chunk[0]]  # filler: a copy
-                inputs[row, :len(ids)] = ids
-            if beam_size == 1:
-                tokens = decode.greedy_search(params, model_config, inputs, max_len=cache_len,
-                                              max_extra_len=max_extra_len, constraint=constraint)
-            else:
-                tokens, _ = decode.beam_search(params, model_config, inputs, beam_size=beam_size,
-                                               alpha=alpha, max_len=cache_len,
-                                               max_extra_len=max_extra_len, constraint=constraint)
-            tokens = np.asarray(tokens)[:len(chunk)]  # [rows, cache_len]
-            if with_words:
-                texts = [" ".join(tree_constraints.output_tokens(row, tokenizer, sources[i], words[i]))
-                         for row, i in zip(tokens, chunk, strict=True)]
-            else:
-                texts = tokenizer.decode_batch(tokens)
-            outputs.update(zip(chunk, texts, strict=True))
-        start += len(group)
-    return [outputs[i] for i in sorted(outputs)]
+    settings = translation.Settings(beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len)
+    sources, outputs = scoring.decode_batches(params, model_config, batches, settings,
+                                              constraint=constraint if with_words and constrain else None,
+                                              tokens_per_batch=tokens_per_batch)
+    if not with_words:
+        return tokenizer.decode_batch(outputs)
+    indices = sorted(int(i) for b in batches for i in b.indices)
+    return [" ".join(tree_constraints.output_tokens(output, tokenizer, source, words[i]))
+            for output, source, i in zip(outputs, sources, indices, strict=True)]
 
 
 def score_batches(params, model_config: ModelConfig, tokenizer, data_config, split: str, batches, *,
-                  beam_size: int, alpha: float, max_extra_len: int,
-                  cache_budget_bytes: int = CACHE_BUDGET_BYTES, constrain: bool = True) -> dict[str, Any]:
+                  beam_size: int, alpha: float, max_extra_len: int, constrain: bool = True) -> dict[str, Any]:
     """``evalb.parsing_report`` of the decoded ``batches`` of ``split`` against the gold trees.
 
     Returns the report (``f1``, ``precision``, ``recall``, ``exact_match`` in percent; ``scored``,
@@ -140,7 +79,7 @@ def score_batches(params, model_config: ModelConfig, tokenizer, data_config, spl
     gold = [trees[i] for i in indices]
     copy_words = data_config.tree_leaves == "words"
     outputs = decode_split(params, model_config, tokenizer, batches, beam_size=beam_size, alpha=alpha,
-                           max_extra_len=max_extra_len, cache_budget_bytes=cache_budget_bytes,
+                           max_extra_len=max_extra_len,
                            words=[t.words() for t in trees] if copy_words else None,
                            constrain=constrain)
     report = evalb.parsing_report(outputs, gold, word_leaves=copy_words)
@@ -181,13 +120,12 @@ def summary_keys() -> tuple[str, ...]:
 
 def evaluate_restored(restored, params, batches, ppl: dict, *, split: str, average_last: int,
                       averaged_steps: list[int] | None = None, source_file: str | None,
-                      beam_size: int, alpha: float, max_extra_len: int,
-                      outputs: tuple[str, str]) -> dict[str, Any]:
-    """``workdir_scoring.evaluate_workdir`` for a parsing run: F1 and friends, outputs written, Table 4.
+                      beam_size: int, alpha: float,
+                      max_extra_len: int) -> tuple[list[str], dict[str, Any], str]:
+    """``workdir_scoring.evaluate_workdir`` for a parsing run: F1 and friends, and Table 4.
 
-    Writes the decoded trees (repaired bracket strings are not written: the raw outputs are) and the
-    numbers to ``outputs``, the (.txt, .json) paths ``evaluate_workdir`` claimed for this result
-    (``<split>-<step>[-avg<N>]``).
+    Returns (the decoded trees, the numbers, the markdown table), for ``evaluate_workdir`` to write
+    (repaired bracket strings are not written: the raw outputs are).
 
     Raises:
       ValueError: ``source_file`` is given (parsing is scored on the run's own split, which has gold
@@ -207,15 +145,9 @@ def evaluate_restored(restored, params, batches, ppl: dict, *, split: str, avera
                **{key: report[key] for key in summary_keys()},
                "num_sentences": report["sentences"], "error_messages": report["error_messages"],
                "labels": report["labels"]}
-    txt_path, json_path = outputs
-    with open(txt_path, "w") as f:
-        f.writelines(output + "\n" for output in report["outputs"])
-    with open(json_path, "w") as f:
-        json.dump(results, f, indent=1)
-    results["table"] = table4_comparison(run.name, run.data, split, report,
-                                         train_trees=len(data_lib.get_source(run.data).trees("train")))
-    results["outputs"] = outputs
-    return results
+    return (report["outputs"], results,
+            table4_comparison(run.name, run.data, split, report,
+                              train_trees=len(data_lib.get_source(run.data).trees("train"))))
 
 
 def is_paper_setup(data_config) -> bool:

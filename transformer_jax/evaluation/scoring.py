@@ -8,7 +8,6 @@ metrics, the final report) and by ``evaluate.py`` (``workdir_scoring.evaluate_wo
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -48,28 +47,38 @@ def _in_split_order(batches, per_batch_items) -> list:
     return [item for _, item in sorted(indexed, key=lambda pair: pair[0])]
 
 
+def decode_batches(params, model_config: ModelConfig, batches, settings: translation.Settings, *,
+                   decode_fn=None, constraint=None,
+                   tokens_per_batch: int | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(sources, outputs) of every real row of ``batches``, in the split's line order.
+
+    The sources (int32[len_i], EOS included) are re-batched by the decoding budget and searched by
+    ``translation.decode_ids`` (the path of the translate command; ``tokens_per_batch`` its budget), under
+    ``constraint`` if given, or decoded by ``decode_fn(ids, settings)`` (another engine's ``decode_ids``). Outputs are
+    int32[len_i + max_extra_len] in ``decode``'s convention.
+    """
+    ids = [row[row != PAD_ID] for b in batches for row in np.asarray(b.inputs)[: b.num_real]]
+    if decode_fn is None:
+        outputs = translation.decode_ids(params, model_config, ids, settings, constraint=constraint,
+                                         tokens_per_batch=tokens_per_batch)
+    else:
+        outputs = decode_fn(ids, settings)
+    indices = [int(i) for b in batches for i in b.indices]
+    order = sorted(range(len(ids)), key=indices.__getitem__)
+    return [ids[k] for k in order], [outputs[k] for k in order]
+
+
 def translate(params, model_config: ModelConfig, tokenizer, batches, *,
               beam_size: int = paper.BEAM_SIZE, alpha: float = paper.LENGTH_PENALTY_ALPHA,
               max_extra_len: int = paper.MAX_EXTRA_LEN, decode_fn=None) -> list[str]:
     """Detokenized translations of every real row of ``batches``, in the split's line order.
 
     ``beam_size=1`` is greedy search; otherwise beam search with the GNMT length penalty ``alpha``.
-    Outputs are at most (input length + ``max_extra_len``) tokens long. The sources are re-batched by
-    the decoding token budget (``translation.decode_ids``, the path of the translate command), or
-    decoded by ``decode_fn(ids, settings)`` (another engine's ``decode_ids``).
+    Outputs are at most (input length + ``max_extra_len``) tokens long (:func:`decode_batches`).
     """
-    ids = [row[row != PAD_ID] for b in batches for row in np.asarray(b.inputs)[: b.num_real]]
     settings = translation.Settings(beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len)
-    if decode_fn is None:
-        outputs = translation.decode_ids(params, model_config, ids, settings)
-    else:
-        outputs = decode_fn(ids, settings)
-    texts = tokenizer.decode_batch(outputs)
-    per_batch, start = [], 0
-    for b in batches:
-        per_batch.append(texts[start:start + b.num_real])
-        start += b.num_real
-    return _in_split_order(batches, per_batch)
+    _, outputs = decode_batches(params, model_config, batches, settings, decode_fn=decode_fn)
+    return tokenizer.decode_batch(outputs)
 
 
 def references_and_sources(batches) -> tuple[list[str], list[str]]:
@@ -109,14 +118,15 @@ def translate_and_score(params, model_config: ModelConfig, tokenizer, batches, *
 
 def evaluate_restored(restored, params, batches, ppl: dict, *, split: str, average_last: int,
                       averaged_steps: list[int], source_file: str | None, reference_file: str | None,
-                      beam_size: int, alpha: float, max_extra_len: int, outputs: tuple[str, str],
-                      decode_fn=None, engine: str = "jax", engine_info: dict | None = None) -> dict[str, Any]:
-    """``workdir_scoring.evaluate_workdir`` for a translation run: BLEU in every protocol, outputs
-    written, the paper's row beside them.
+                      beam_size: int, alpha: float, max_extra_len: int,
+                      decode_fn=None, engine: str = "jax",
+                      engine_info: dict | None = None) -> tuple[list[str], dict[str, Any], str]:
+    """``workdir_scoring.evaluate_workdir`` for a translation run: BLEU in every protocol and the
+    paper's row beside them.
 
-    Writes the translations and the numbers to ``outputs``, the (.txt, .json) paths ``evaluate_workdir``
-    claimed for this result. ``decode_fn`` decodes instead of the JAX engine (``engine`` names it, and
-    ``engine_info`` is added to the numbers).
+    Returns (the translations, the numbers, the markdown table), for ``evaluate_workdir`` to write.
+    ``decode_fn`` decodes instead of the JAX engine (``engine`` names it, and ``engine_info`` is added
+    to the numbers).
     """
     run, model_config = restored.run, restored.model_config
     scores = translate_and_score(params, model_config, restored.tokenizer, batches, beam_size=beam_size,
@@ -134,12 +144,6 @@ def evaluate_restored(restored, params, batches, ppl: dict, *, split: str, avera
         "source_file": source_file, "reference_file": reference_file, "engine": engine,
         **(engine_info or {}),
     }
-    txt_path, json_path = outputs
-    with open(txt_path, "w") as f:
-        f.writelines(h + "\n" for h in scores["hypotheses"])
-    with open(json_path, "w") as f:
-        json.dump(results, f, indent=1)
     table_split = split if split in ("dev", "test") else "test"
-    results["table"] = paper_tables.paper_comparison_table(run.name, table_split, results)
-    results["outputs"] = outputs
-    return results
+    return (scores["hypotheses"], results,
+            paper_tables.paper_comparison_table(run.name, table_split, results))

@@ -6,7 +6,7 @@ branches on the task:
     task = task_for(data_config)
     task.dev_scores(params, ...)        # periodic dev evaluation: greedy BLEU, or greedy bracket F1
     task.final_report(params, ...)      # end of training, on eval.final_eval_split: BLEU or F1 and Table 4
-    task.evaluate_restored(restored, ...)  # evaluate.py: scores and outputs written
+    task.evaluate_restored(restored, ...)  # evaluate.py: (outputs, numbers, table) to write
 
 The first two return flat ``{name: number}`` dicts that the loop logs and ``paper_tables.final_summary``
 prints.
@@ -38,8 +38,9 @@ class Task(Protocol):
         """Scores on ``batches`` of ``split`` with the final beam settings, keyed ``{split}_<measure>``."""
 
     def evaluate_restored(self, restored: Any, params: Any, batches: list, ppl: dict,
-                          **settings: Any) -> dict[str, Any]:
-        """evaluate.py's scores of a restored workdir, its outputs written (``scoring.evaluate_restored``)."""
+                          **settings: Any) -> tuple[list[str], dict[str, Any], str]:
+        """evaluate.py's (output lines, numbers, markdown table) of a restored workdir
+        (``scoring.evaluate_restored``)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,51 +1,48 @@
-"""Translating sentences with a trained model: the one decoding path of translate, evaluate.py and dev BLEU.
+"""Decoding sentences with a trained model: the one decoding path of translate, evaluate.py, dev BLEU
+and parsing.
 
-Sentences are token ids with EOS appended. They are sorted by length and packed into batches by a
-decoding token budget (:func:`plan_batches`), searched with ``decode.greedy_search`` (``beam_size=1``)
-or ``decode.beam_search``, and returned in the input order. A batch of sources padded to length ``L``
-holds ``rows = tokens_per_batch // (beams * (L + max_extra_len))`` sentences (a multiple of 8): the
-search runs ``rows * beams`` decoder rows against a cache of ``L + max_extra_len`` positions, so the
-budget bounds the cache and gives short sentences many rows per matrix product.
+Sentences are token ids with EOS appended. They are sorted by length and packed into batches
+(``data.eval_batches.plan_batches``, the one planner) within one cache budget (:func:`batch_rows`),
+searched with ``decode.greedy_search`` (``beam_size=1``) or ``decode.beam_search``, optionally under a
+constraint (parsing's ``tree_constraints.TreeConstraint``), and returned in the input order. A batch of
+sources padded to length ``L`` holds ``tokens_per_batch // (beams * (L + max_extra_len))`` sentences (a
+multiple of 8 when 8 fit): the search runs ``rows * beams`` decoder rows against a cache of
+``L + max_extra_len`` positions, so the budget bounds the cache and gives short sentences many rows per
+matrix product.
 
 Outputs do not depend on the batching: example i may output ``src_len_i + max_extra_len`` tokens
-(``decode``'s length limit), whatever its batch's padded length, so translations equal those of one
-batch holding every sentence.
+(``decode``'s length limit), whatever its batch's padded length, and rows are independent, so
+translations equal those of one batch holding every sentence.
 
-Shapes are few so that compilation stays cheap: ``L`` is a multiple of 8 up to 64, then grows by 1.25
-(``eval_batches.extended_buckets``), the last one cut to the longest sentence. Sentences a length
-cannot fill a batch with move up to the next length, so only the last batch is partial, and its rows
-are rounded up to four sizes an octave (:func:`padded_rows`).
+Shapes are few so that compilation stays cheap: ``L`` is a multiple of 8 (of 32 for parsing's input +
+300) up to 64, then grows by 1.25 (:func:`decode_buckets`), the last one cut to the longest sentence. Sentences a length cannot fill a
+batch with move up to the next length, so only the last batch is partial, and its rows are rounded up to
+four sizes an octave (``eval_batches.padded_rows``); its padding rows repeat its first sentence.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import sys
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from transformer_jax.checkpoints.restore import averaged_params, restore_workdir
-from transformer_jax.data.eval_batches import extended_buckets
+from transformer_jax.data import eval_batches
 from transformer_jax.data.sources import normalize_whitespace
-from transformer_jax.data.treebank import is_parsing
-from transformer_jax.evaluation import ctranslate2_engine, decode, paper
+from transformer_jax.evaluation import decode, paper
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import EOS_ID, PAD_ID
 from transformer_jax.runtime.errors import ConfigError, DataError, MissingFileError
-from transformer_jax.runtime.output_file import OutputFile, write_stdout
 
-# The default batch budget: decoder rows x cache positions whose self-attention keys and values take
-# this much memory. 192k positions for the Multi30k model (4 KiB each: 4 layers x 4 heads x (32 + 32)
-# float32), 32k for the base model. Against half the budget it compiles half the batch shapes for the same
-# speed once compiled (docs/benchmarks.md).
+# The one decoding batch budget: decoder rows x cache positions whose self-attention keys and values
+# take this much memory. 192k positions for the Multi30k model (4 KiB each: 4 layers x 4 heads x (32 +
+# 32) float32), 32k for the base model. Against half the budget it compiles half the batch shapes for
+# the same speed once compiled (docs/benchmarks.md).
 CACHE_BYTES_PER_BATCH = 768 * 2**20
-_LENGTHS = (8, 16, 24, 32, 40, 48, 56, 64)  # padded source lengths; longer ones grow by 1.25
-_ROW_MULTIPLE = 8
+ENGINES = ("jax", "ctranslate2")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,82 +54,53 @@ class Settings:
     max_extra_len: int = paper.MAX_EXTRA_LEN
 
 
-@dataclasses.dataclass(frozen=True)
-class Batch:
-    """One planned batch: sentences ``indices`` int64[num_real], padded to ``src_len`` and ``rows`` rows."""
-
-    indices: np.ndarray
-    src_len: int
-    rows: int
-
-
 def default_tokens_per_batch(model_config: ModelConfig) -> int:
-    """The budget of :func:`plan_batches` whose self-attention cache takes ``CACHE_BYTES_PER_BATCH``."""
+    """The budget of :func:`batch_rows` whose self-attention cache takes ``CACHE_BYTES_PER_BATCH``."""
     cfg = model_config
     position_bytes = (cfg.num_decoder_layers * cfg.num_heads * (cfg.d_k + cfg.d_v)
                       * np.dtype(cfg.compute_dtype).itemsize)
     return max(1, CACHE_BYTES_PER_BATCH // position_bytes)
 
 
-def plan_batches(lengths: Sequence[int], *, beams: int, max_extra_len: int, tokens_per_batch: int,
-                 max_src_len: int | None = None) -> list[Batch]:
-    """Batches covering every sentence exactly once, shortest first.
+def batch_rows(tokens_per_batch: int, beams: int, cache_len: int) -> int:
+    """Sentences in a full batch: ``beams * rows * cache_len <= tokens_per_batch``, rows a multiple of 8
+    when 8 fit, else as many as fit (at least 1; a big model's beam 21 over input + 300)."""
+    rows = tokens_per_batch // (beams * cache_len)
+    return rows // 8 * 8 if rows >= 8 else max(1, rows)
 
-    Args:
-      lengths: int[n] token counts, EOS included (all >= 1).
-      beams: decoder rows per sentence (the beam size; 1 for greedy).
-      max_extra_len: output positions beyond the source (the cache is ``src_len + max_extra_len``).
-      tokens_per_batch: the budget of ``beams * rows * (src_len + max_extra_len)``; at least 8 rows.
-      max_src_len: no batch is padded beyond this (the model's position table); >= every length.
 
-    Returns:
-      Batches in increasing ``src_len``; within one, sentences by length then by index.
+def decode_buckets(longest: int, settings: Settings, tokens_per_batch: int,
+                   max_src_len: int | None = None) -> tuple[list[int], list[int]]:
+    """(padded source lengths, rows of a full batch of each) of decoding, for ``eval_batches.plan_batches``.
+
+    Lengths: multiples of ``step`` up to 64, then growing by 1.25 (``eval_batches.extended_buckets``),
+    none beyond the one that holds ``longest``, the last cut to it and none beyond ``max_src_len`` (the
+    model's position table). ``step`` is 8, or for a long output allowance the multiple of 8 at most an
+    eighth of the shortest cache ``8 + max_extra_len`` (32 for parsing's input + 300): a source is then
+    padded by at most about an eighth of its cache, in fewer shapes. Rows: :func:`batch_rows` of the
+    cache ``length + max_extra_len``.
     """
-    lengths = np.asarray(lengths, np.int64)
-    if not len(lengths):
-        return []
-    longest = int(lengths.max())
-    buckets = extended_buckets(_LENGTHS, longest)
-    buckets = buckets[:int(np.searchsorted(buckets, longest)) + 1]  # none beyond the longest sentence's
+    extra, longest = settings.max_extra_len, int(longest)
+    step = max(8, (8 + extra) // 64 * 8)
+    buckets = eval_batches.extended_buckets(range(step, 65, step), longest)
+    buckets = buckets[:int(np.searchsorted(buckets, longest)) + 1]
     if max_src_len is not None and buckets[-1] > max_src_len:
         buckets = [b for b in buckets if b < max_src_len] + [max_src_len]
-    bucket_of = np.searchsorted(np.asarray(buckets), lengths)  # the smallest bucket >= length
-    batches, carried = [], np.zeros(0, np.int64)
-    for b, src_len in enumerate(buckets):
-        size = tokens_per_batch // (beams * (src_len + max_extra_len))
-        size = max(_ROW_MULTIPLE, size // _ROW_MULTIPLE * _ROW_MULTIPLE)
-        members = np.flatnonzero(bucket_of == b)
-        members = np.concatenate([carried, members[np.argsort(lengths[members], kind="stable")]])
-        last = b == len(buckets) - 1
-        full = len(members) if last else len(members) - len(members) % size
-        for start in range(0, full, size):
-            real = members[start:min(start + size, full)]
-            rows = size if len(real) == size else min(size, padded_rows(len(real)))
-            batches.append(Batch(real, src_len, rows))
-        carried = members[full:]
-    return batches
+    return buckets, [batch_rows(tokens_per_batch, settings.beam_size, b + extra) for b in buckets]
 
 
-def padded_rows(n: int) -> int:
-    """Rows for a partial batch of n sentences: 1, 2, 4 or 8 up to 8, then a multiple of 8 that is
-    1, 1.25, 1.5 or 1.75 times a power of two (144 -> 160), so that a padding row costs at most a
-    quarter more and few shapes are compiled. A padding row runs every step as a sentence does."""
-    if n <= _ROW_MULTIPLE:
-        return 1 << (n - 1).bit_length()
-    step = max(_ROW_MULTIPLE, 1 << ((n - 1).bit_length() - 3))
-    return -(-n // step) * step
-
-
-def _padded(ids: Sequence[np.ndarray], indices: np.ndarray, rows: int, src_len: int) -> np.ndarray:
-    """int32[rows, src_len]: the sentences ``indices`` right-padded with PAD, then all-PAD rows."""
-    out = np.full((rows, src_len), PAD_ID, np.int32)
-    for r, i in enumerate(indices):
+def _padded(ids: Sequence[np.ndarray], indices: np.ndarray, rows: int, length: int) -> np.ndarray:
+    """int32[rows, length]: the sentences ``indices`` right-padded with PAD, then copies of the first
+    (a padding row then ends with a real one, and is a valid input for any constraint)."""
+    out = np.full((rows, length), PAD_ID, np.int32)
+    for r in range(rows):
+        i = indices[r] if r < len(indices) else indices[0]
         out[r, :len(ids[i])] = ids[i]
     return out
 
 
 def decode_ids(params: Any, model_config: ModelConfig, ids: Sequence[np.ndarray], settings: Settings,
-               *, tokens_per_batch: int | None = None,
+               *, tokens_per_batch: int | None = None, constraint: Any = None,
                progress: Callable[[int], None] | None = None) -> list[np.ndarray]:
     """Searches every sentence; returns the outputs in the input order.
 
@@ -141,44 +109,46 @@ def decode_ids(params: Any, model_config: ModelConfig, ids: Sequence[np.ndarray]
       model_config: the model (decoded deterministically).
       ids: int32[len_i] source ids, EOS included; each ``len_i + max_extra_len <= model max_len``.
       settings: the search.
-      tokens_per_batch: the batch budget of :func:`plan_batches`; None: the model's
+      tokens_per_batch: the batch budget of :func:`batch_rows`; None: the model's
         :func:`default_tokens_per_batch`.
+      constraint: ``decode``'s logit mask with its own state (parsing's ``TreeConstraint``), or None.
       progress: called with the number of sentences each batch finished.
 
     Returns:
       Each output int32[len_i + max_extra_len] in ``decode``'s convention (tokens, then EOS, then PAD),
       whatever the batch it was decoded in.
     """
-    if any(len(s) + settings.max_extra_len > model_config.max_len for s in ids):
+    extra = settings.max_extra_len
+    if any(len(s) + extra > model_config.max_len for s in ids):
         raise ValueError(f"a source longer than model max_len={model_config.max_len} - max_extra_len="
-                         f"{settings.max_extra_len} tokens; check lengths first (translate_texts does)")
-    beams = settings.beam_size
+                         f"{extra} tokens; check lengths first (translate_texts does)")
     if tokens_per_batch is None:
         tokens_per_batch = default_tokens_per_batch(model_config)
     outputs: list[np.ndarray | None] = [None] * len(ids)
 
-    def collect(batch: Batch, tokens) -> None:
+    def collect(batch: eval_batches.PlannedBatch, tokens) -> None:
         tokens = np.asarray(tokens)  # waits for the search
         for r, i in enumerate(batch.indices):  # each to its own limit: PAD beyond it in any batch
-            outputs[i] = tokens[r, :len(ids[i]) + settings.max_extra_len]
+            outputs[i] = tokens[r, :len(ids[i]) + extra]
         if progress is not None:
             progress(len(batch.indices))
 
     # A search runs while the next batch is traced and compiled (dispatch is asynchronous), so each
     # batch is collected only after the next one has been dispatched.
     pending = None
-    for batch in plan_batches([len(s) for s in ids], beams=beams, max_extra_len=settings.max_extra_len,
-                              tokens_per_batch=tokens_per_batch,
-                              max_src_len=model_config.max_len - settings.max_extra_len):
-        inputs = _padded(ids, batch.indices, batch.rows, batch.src_len)
-        max_len = min(batch.src_len + settings.max_extra_len, model_config.max_len)
-        if beams == 1:
+    lengths = [len(s) for s in ids]
+    buckets, sizes = decode_buckets(max(lengths, default=0), settings, tokens_per_batch,
+                                    model_config.max_len - extra)
+    for batch in eval_batches.plan_batches(lengths, buckets, sizes, round_partial=True):
+        inputs = _padded(ids, batch.indices, batch.rows, batch.length)
+        max_len = min(batch.length + extra, model_config.max_len)
+        if settings.beam_size == 1:
             tokens = decode.greedy_search(params, model_config, inputs, max_len=max_len,
-                                          max_extra_len=settings.max_extra_len)
+                                          max_extra_len=extra, constraint=constraint)
         else:
-            tokens, _ = decode.beam_search(params, model_config, inputs, beam_size=beams,
-                                           alpha=settings.alpha, max_len=max_len,
-                                           max_extra_len=settings.max_extra_len)
+            tokens, _ = decode.beam_search(params, model_config, inputs, beam_size=settings.beam_size,
+                                           alpha=settings.alpha, max_len=max_len, max_extra_len=extra,
+                                           constraint=constraint)
         if pending is not None:
             collect(*pending)
         pending = (batch, tokens)
@@ -278,168 +248,3 @@ def read_lines(path: str | None) -> list[str]:
             raise DataError(f"{name}:{number}: byte 0x{line[e.start]:02x} at column {e.start + 1} is not "
                             "UTF-8; convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
     return texts
-
-
-def _check_at_least(flag: str, value, minimum, what: str) -> None:
-    if value is not None and value < minimum:
-        raise ConfigError(f"--{flag}={value}: expected >= {minimum} ({what})")
-
-
-ENGINES = ("jax", "ctranslate2")
-
-
-def translate_workdir(workdir: str, *, input_path: str | None = None, output_path: str | None = None,
-                      step: int | None = None, average_last: int | None = None,
-                      beam_size: int | None = None,
-                      alpha: float | None = None, max_extra_len: int | None = None,
-                      truncate: bool = False, tokens_per_batch: int | None = None,
-                      show_progress: bool | None = None, engine: str = "jax", threads: int | None = None,
-                      export_dir: str | None = None) -> dict[str, Any]:
-    """Translates the lines of ``input_path`` (or stdin) with a ``train.py`` workdir, into ``output_path``.
-
-    Writes one translation a line, in the input order, to ``output_path`` or stdout.
-
-    Settings left at None take the run config's ``final_average_last``, ``final_beam_size``,
-    ``final_alpha`` and ``final_max_extra_len``. Every flag, the output path and the input are checked
-    before the model is restored; ``output_path`` is replaced whole at the end, or not at all. The
-    progress bar (stderr) shows by default when the input is a file or redirected.
-
-    ``engine="ctranslate2"`` decodes with the export in ``export_dir`` (default
-    ``<workdir>/export/ctranslate2``, made first when missing) on ``threads`` CPU threads
-    (``ctranslate2_engine``); the JAX engine is the reference.
-
-    Returns:
-      ``num_sentences``, ``decode_seconds`` (search and detokenization, compilation included),
-      ``sentences_per_second`` and ``target_tokens_per_second`` (SentencePiece tokens of the outputs).
-    """
-    for flag, value, minimum, what in (
-            ("step", step, 0, "a saved checkpoint step; leave it out for the latest"),
-            ("average_last", average_last, 0, "0 or 1: no averaging; N: the last N checkpoints"),
-            ("beam_size", beam_size, 1, "1 is greedy search"),
-            ("alpha", alpha, 0, "the GNMT length penalty; 0 turns it off"),
-            ("max_extra_len", max_extra_len, 0, "outputs may be input length + this long"),
-            ("tokens_per_batch", tokens_per_batch, 1, "decoder rows x cache positions per batch"),
-            ("threads", threads, 0, "CPU threads of CTranslate2; 0: its default")):
-        _check_at_least(flag, value, minimum, what)
-    if engine not in ENGINES:
-        raise ConfigError(f"--engine={engine}: expected one of {', '.join(ENGINES)}")
-    if engine == "jax":
-        for flag, value in (("threads", threads), ("export_dir", export_dir)):
-            if value is not None:
-                raise ConfigError(f"--{flag} applies to --engine=ctranslate2; the JAX engine uses every "
-                                  "core and the workdir's checkpoints")
-    else:
-        if tokens_per_batch is not None:
-            raise ConfigError("--tokens_per_batch applies to the JAX engine; CTranslate2 plans its own "
-                              "batches")
-        ctranslate2_engine.import_ctranslate2()  # the install hint before anything is read
-    if not os.path.isdir(workdir):
-        raise MissingFileError(f"--workdir={workdir}: no such directory; pass the --workdir of a "
-                               "train.py run")
-    # The output path is checked (and its temporary file made) before anything is read or decoded.
-    with OutputFile(output_path) if output_path is not None else contextlib.nullcontext() as output:
-        lines = read_lines(input_path)
-        if engine == "jax":
-            model = _jax_model(workdir, step, average_last, tokens_per_batch)
-        else:
-            model = _exported_model(workdir, export_dir, step, average_last, threads)
-        return _translate_lines(model, lines, output, input_path=input_path, beam_size=beam_size,
-                                alpha=alpha, max_extra_len=max_extra_len, truncate=truncate,
-                                show_progress=show_progress)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Model:
-    """What translating needs from a model, whichever engine decodes: see ``translate_texts``."""
-
-    params: Any
-    model_config: ModelConfig
-    tokenizer: Any
-    defaults: Settings
-    step: int
-    average_last: int
-    engine: str
-    tokens_per_batch: int | None = None  # the JAX engine's batch budget
-    decode_fn: Callable[..., list[np.ndarray]] | None = None  # another engine's decode_ids
-    compute_type: str | None = None  # CTranslate2's, as it runs on this machine
-
-
-def _jax_model(workdir: str, step, average_last, tokens_per_batch) -> _Model:
-    restored = restore_workdir(workdir, step)
-    if is_parsing(restored.run.data):
-        raise ConfigError(f"--workdir={workdir} is a parsing run; translate decodes translation runs. "
-                          f"Parse with: python evaluate.py --workdir={workdir} (trees over the input words)")
-    final = restored.run.eval
-    if average_last is None:
-        average_last = final.final_average_last
-    params, _ = averaged_params(restored, average_last)
-    defaults = Settings(final.final_beam_size, final.final_alpha, final.final_max_extra_len)
-    return _Model(params, restored.model_config, restored.tokenizer, defaults, restored.step, average_last,
-                  "jax", tokens_per_batch=tokens_per_batch)
-
-
-def _exported_model(workdir: str, export_dir, step, average_last, threads) -> _Model:
-    from transformer_jax.data.text_form import TextForm
-    from transformer_jax.data.tokenizer import Tokenizer
-
-    export_dir = export_dir or ctranslate2_engine.default_export_dir(workdir)
-    if not os.path.isfile(os.path.join(export_dir, ctranslate2_engine.RECORD_FILE)):
-        print(f"exporting the model to {export_dir} first (once; python -m transformer_jax.export)",
-              file=sys.stderr)
-        ctranslate2_engine.export_workdir(workdir, out_dir=export_dir, step=step, average_last=average_last)
-    record = ctranslate2_engine.read_record(export_dir)
-    for flag, value in (("step", step), ("average_last", average_last)):
-        if value is not None and value != record[flag]:
-            raise ConfigError(
-                f"--{flag}={value}, but {export_dir} holds {flag} {record[flag]}; export that model first: "
-                f"python -m transformer_jax.export --workdir={workdir} --{flag}={value}")
-    latest = _latest_checkpoint_step(workdir)
-    if step is None and latest is not None and latest > record["step"]:
-        print(f"note: {export_dir} is step {record['step']}; the workdir has step {latest} (export again "
-              f"to use it: python -m transformer_jax.export --workdir={workdir})", file=sys.stderr)
-    engine = ctranslate2_engine.Engine(export_dir, threads=threads or 0)
-    tokenizer = Tokenizer.from_file(os.path.join(export_dir, ctranslate2_engine.TOKENIZER_FILE),
-                                    text_form=TextForm(**record["text_form"]))
-    decoding = record["decoding"]
-    defaults = Settings(decoding["beam_size"], decoding["alpha"], decoding["max_extra_len"])
-    return _Model(None, ModelConfig(**record["model"]), tokenizer, defaults, record["step"],
-                  record["average_last"], "ctranslate2", decode_fn=engine.decode_ids,
-                  compute_type=engine.compute_type)
-
-
-def _latest_checkpoint_step(workdir: str) -> int | None:
-    """The newest step folder in the workdir's checkpoints (by name; nothing is read), or None."""
-    try:
-        names = os.listdir(os.path.join(workdir, "checkpoints"))
-    except OSError:
-        return None
-    return max((int(n) for n in names if n.isdigit()), default=None)
-
-
-def _translate_lines(model: _Model, lines: list[str], output: OutputFile | None, *, input_path, beam_size,
-                     alpha, max_extra_len, truncate, show_progress) -> dict[str, Any]:
-    settings = Settings(
-        beam_size=model.defaults.beam_size if beam_size is None else beam_size,
-        alpha=model.defaults.alpha if alpha is None else alpha,
-        max_extra_len=model.defaults.max_extra_len if max_extra_len is None else max_extra_len)
-    name = input_path or "<stdin>"
-    if show_progress is None:
-        show_progress = input_path is not None or not sys.stdin.isatty()
-    start = time.perf_counter()
-    with progress_bar(len(lines), show_progress) as bar:
-        translations = translate_texts(
-            model.params, model.model_config, model.tokenizer, lines, settings, truncate=truncate,
-            tokens_per_batch=model.tokens_per_batch, locations=[f"{name}:{i + 1}" for i in range(len(lines))],
-            progress=bar.update, decode_fn=model.decode_fn)
-    seconds = time.perf_counter() - start
-    text = "".join(t + "\n" for t in translations)
-    if output is None:
-        write_stdout(text)
-    else:
-        output.write(text)
-    target_tokens = sum(len(ids) for ids in model.tokenizer.encode_text(translations, side="target"))
-    return {"num_sentences": len(lines), "decode_seconds": seconds,
-            "sentences_per_second": len(lines) / seconds, "target_tokens_per_second": target_tokens / seconds,
-            "beam_size": settings.beam_size, "alpha": settings.alpha, "step": model.step,
-            "average_last": model.average_last, "engine": model.engine,
-            **({"compute_type": model.compute_type} if model.compute_type else {})}

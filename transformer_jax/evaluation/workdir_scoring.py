@@ -1,19 +1,56 @@
-"""evaluate.py's logic: restore a ``train.py`` workdir, average its checkpoints and score it on a split or on
-files, through the run's task (``tasks.task_for``), with the JAX decoder or a CTranslate2 export."""
+"""The workdir drivers of evaluate.py and the translate command: restore a ``train.py`` workdir, average its
+checkpoints, decode, write the outputs.
+
+Both restore the checkpoint and take the run config's decoding defaults the same way (:func:`_restore`),
+average with ``restore.averaged_params`` and decode through ``translation.decode_ids`` (its planner and
+cache budget) or a CTranslate2 engine's ``decode_ids``. What differs is what they read and write:
+:func:`evaluate_workdir` scores a split or a file pair through the run's task (``tasks.task_for``) and
+writes the outputs and numbers; :func:`translate_workdir` translates the lines of a text file (or stdin)
+into one output file (or stdout), replaced whole or not at all.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
+import sys
 import tempfile
+import time
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from transformer_jax import data as data_lib
-from transformer_jax.checkpoints.restore import averaged_params, restore_workdir
+from transformer_jax.checkpoints.restore import Restored, averaged_params, restore_workdir
 from transformer_jax.data.sources import read_parallel_numbered
+from transformer_jax.data.treebank import is_parsing
 from transformer_jax.evaluation import ctranslate2_engine, evaluate_args, scoring, tasks, translation
+from transformer_jax.evaluation.translation import Settings
 from transformer_jax.model.config import ModelConfig
-from transformer_jax.runtime.errors import ConfigError
+from transformer_jax.runtime.errors import ConfigError, MissingFileError
+from transformer_jax.runtime.output_file import OutputFile, write_stdout
+
+
+def _settings(defaults: Settings, beam_size: int | None, alpha: float | None,
+              max_extra_len: int | None) -> Settings:
+    """``defaults`` with the settings given (not None) in their place."""
+    return Settings(beam_size=defaults.beam_size if beam_size is None else beam_size,
+                    alpha=defaults.alpha if alpha is None else alpha,
+                    max_extra_len=defaults.max_extra_len if max_extra_len is None else max_extra_len)
+
+
+def _restore(workdir: str, step: int | None, average_last: int | None, beam_size: int | None,
+             alpha: float | None, max_extra_len: int | None) -> tuple[Restored, Settings, int]:
+    """(restored, settings, average_last): ``workdir`` at ``step`` (its latest good one for None), and the
+    settings and averaging left at None taken from the run config's ``final_*`` (as its final report)."""
+    restored = restore_workdir(workdir, step)
+    final = restored.run.eval
+    defaults = Settings(final.final_beam_size, final.final_alpha, final.final_max_extra_len)
+    return (restored, _settings(defaults, beam_size, alpha, max_extra_len),
+            final.final_average_last if average_last is None else average_last)
 
 
 def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int | None = None,
@@ -58,13 +95,10 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
         workdir, step=step, average_last=average_last, split=split, source_file=source_file,
         reference_file=reference_file, beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len,
         output_dir=out_dir)
-    restored = restore_workdir(workdir, step)
-    run, tokenizer, model_config = restored.run, restored.tokenizer, restored.model_config
-    beam_size = run.eval.final_beam_size if beam_size is None else beam_size
-    alpha = run.eval.final_alpha if alpha is None else alpha
-    max_extra_len = run.eval.final_max_extra_len if max_extra_len is None else max_extra_len
     from_config = average_last is None
-    average_last = run.eval.final_average_last if from_config else average_last
+    restored, settings, average_last = _restore(workdir, step, average_last, beam_size, alpha, max_extra_len)
+    run, tokenizer, model_config = restored.run, restored.tokenizer, restored.model_config
+    beam_size, alpha, max_extra_len = settings.beam_size, settings.alpha, settings.max_extra_len
     max_length = _decodable_length(model_config, run.data, max_extra_len)
     task = tasks.task_for(run.data)
     if engine not in task.engines:
@@ -88,11 +122,20 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
             decode_fn = translator.decode_ids
             engine_info = {"quantization": quantization, "compute_type": translator.compute_type,
                            "threads": threads}
-        return task.evaluate_restored(
+        lines, results, table = task.evaluate_restored(
             restored, params, batches, ppl, split=split, average_last=average_last,
             averaged_steps=averaged_steps, source_file=source_file, reference_file=reference_file,
-            beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len, outputs=(txt_path, json_path),
+            beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len,
             decode_fn=decode_fn, engine=engine, engine_info=engine_info)
+    _write(txt_path, "".join(line + "\n" for line in lines))
+    _write(json_path, json.dumps(results, indent=1))
+    return {**results, "table": table, "outputs": (txt_path, json_path)}
+
+
+def _write(path: str, text: str) -> None:
+    """``text`` to ``path``, replaced whole or not at all (as the translate command's ``--output``)."""
+    with OutputFile(path, flag="--output_dir") as out:
+        out.write(text)
 
 
 def _split_batches(data_config, tokenizer, split: str, source_file: str | None,
@@ -143,3 +186,160 @@ def _decodable_length(model_config: ModelConfig, data_config, max_extra_len: int
             f"for at most {model_config.max_len - largest} output positions beyond the largest length "
             f"bucket {largest}; pass --max_extra_len={max(model_config.max_len - largest, 0)} or less")
     return model_config.max_len - max_extra_len
+
+
+def _check_at_least(flag: str, value, minimum, what: str) -> None:
+    if value is not None and value < minimum:
+        raise ConfigError(f"--{flag}={value}: expected >= {minimum} ({what})")
+
+
+def translate_workdir(workdir: str, *, input_path: str | None = None, output_path: str | None = None,
+                      step: int | None = None, average_last: int | None = None,
+                      beam_size: int | None = None,
+                      alpha: float | None = None, max_extra_len: int | None = None,
+                      truncate: bool = False, tokens_per_batch: int | None = None,
+                      show_progress: bool | None = None, engine: str = "jax", threads: int | None = None,
+                      export_dir: str | None = None) -> dict[str, Any]:
+    """Translates the lines of ``input_path`` (or stdin) with a ``train.py`` workdir, into ``output_path``.
+
+    Writes one translation a line, in the input order, to ``output_path`` or stdout.
+
+    Settings left at None take the run config's ``final_average_last``, ``final_beam_size``,
+    ``final_alpha`` and ``final_max_extra_len``. Every flag, the output path and the input are checked
+    before the model is restored; ``output_path`` is replaced whole at the end, or not at all. The
+    progress bar (stderr) shows by default when the input is a file or redirected.
+
+    ``engine="ctranslate2"`` decodes with the export in ``export_dir`` (default
+    ``<workdir>/export/ctranslate2``, made first when missing) on ``threads`` CPU threads
+    (``ctranslate2_engine``); the JAX engine is the reference.
+
+    Returns:
+      ``num_sentences``, ``decode_seconds`` (search and detokenization, compilation included),
+      ``sentences_per_second`` and ``target_tokens_per_second`` (SentencePiece tokens of the outputs).
+    """
+    for flag, value, minimum, what in (
+            ("step", step, 0, "a saved checkpoint step; leave it out for the latest"),
+            ("average_last", average_last, 0, "0 or 1: no averaging; N: the last N checkpoints"),
+            ("beam_size", beam_size, 1, "1 is greedy search"),
+            ("alpha", alpha, 0, "the GNMT length penalty; 0 turns it off"),
+            ("max_extra_len", max_extra_len, 0, "outputs may be input length + this long"),
+            ("tokens_per_batch", tokens_per_batch, 1, "decoder rows x cache positions per batch"),
+            ("threads", threads, 0, "CPU threads of CTranslate2; 0: its default")):
+        _check_at_least(flag, value, minimum, what)
+    if engine not in translation.ENGINES:
+        raise ConfigError(f"--engine={engine}: expected one of {', '.join(translation.ENGINES)}")
+    if engine == "jax":
+        for flag, value in (("threads", threads), ("export_dir", export_dir)):
+            if value is not None:
+                raise ConfigError(f"--{flag} applies to --engine=ctranslate2; the JAX engine uses every "
+                                  "core and the workdir's checkpoints")
+    else:
+        if tokens_per_batch is not None:
+            raise ConfigError("--tokens_per_batch applies to the JAX engine; CTranslate2 plans its own "
+                              "batches")
+        ctranslate2_engine.import_ctranslate2()  # the install hint before anything is read
+    if not os.path.isdir(workdir):
+        raise MissingFileError(f"--workdir={workdir}: no such directory; pass the --workdir of a "
+                               "train.py run")
+    # The output path is checked (and its temporary file made) before anything is read or decoded.
+    with OutputFile(output_path) if output_path is not None else contextlib.nullcontext() as output:
+        lines = translation.read_lines(input_path)
+        if engine == "jax":
+            model = _jax_model(workdir, step, average_last, beam_size, alpha, max_extra_len, tokens_per_batch)
+        else:
+            model = _exported_model(workdir, export_dir, step, average_last, beam_size, alpha, max_extra_len,
+                                    threads)
+        return _translate_lines(model, lines, output, input_path=input_path, truncate=truncate,
+                                show_progress=show_progress)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Model:
+    """What translating needs from a model, whichever engine decodes: see ``translate_texts``."""
+
+    params: Any
+    model_config: ModelConfig
+    tokenizer: Any
+    settings: Settings
+    step: int
+    average_last: int
+    engine: str
+    tokens_per_batch: int | None = None  # the JAX engine's batch budget
+    decode_fn: Callable[..., list[np.ndarray]] | None = None  # another engine's decode_ids
+    compute_type: str | None = None  # CTranslate2's, as it runs on this machine
+
+
+def _jax_model(workdir: str, step, average_last, beam_size, alpha, max_extra_len, tokens_per_batch) -> _Model:
+    restored, settings, average_last = _restore(workdir, step, average_last, beam_size, alpha, max_extra_len)
+    if is_parsing(restored.run.data):
+        raise ConfigError(f"--workdir={workdir} is a parsing run; translate decodes translation runs. "
+                          f"Parse with: python evaluate.py --workdir={workdir} (trees over the input words)")
+    params, _ = averaged_params(restored, average_last)
+    return _Model(params, restored.model_config, restored.tokenizer, settings, restored.step, average_last,
+                  "jax", tokens_per_batch=tokens_per_batch)
+
+
+def _exported_model(workdir: str, export_dir, step, average_last, beam_size, alpha, max_extra_len,
+                    threads) -> _Model:
+    from transformer_jax.data.text_form import TextForm
+    from transformer_jax.data.tokenizer import Tokenizer
+
+    export_dir = export_dir or ctranslate2_engine.default_export_dir(workdir)
+    if not os.path.isfile(os.path.join(export_dir, ctranslate2_engine.RECORD_FILE)):
+        print(f"exporting the model to {export_dir} first (once; python -m transformer_jax.export)",
+              file=sys.stderr)
+        ctranslate2_engine.export_workdir(workdir, out_dir=export_dir, step=step, average_last=average_last)
+    record = ctranslate2_engine.read_record(export_dir)
+    for flag, value in (("step", step), ("average_last", average_last)):
+        if value is not None and value != record[flag]:
+            raise ConfigError(
+                f"--{flag}={value}, but {export_dir} holds {flag} {record[flag]}; export that model first: "
+                f"python -m transformer_jax.export --workdir={workdir} --{flag}={value}")
+    latest = _latest_checkpoint_step(workdir)
+    if step is None and latest is not None and latest > record["step"]:
+        print(f"note: {export_dir} is step {record['step']}; the workdir has step {latest} (export again "
+              f"to use it: python -m transformer_jax.export --workdir={workdir})", file=sys.stderr)
+    engine = ctranslate2_engine.Engine(export_dir, threads=threads or 0)
+    tokenizer = Tokenizer.from_file(os.path.join(export_dir, ctranslate2_engine.TOKENIZER_FILE),
+                                    text_form=TextForm(**record["text_form"]))
+    decoding = record["decoding"]
+    defaults = Settings(decoding["beam_size"], decoding["alpha"], decoding["max_extra_len"])
+    return _Model(None, ModelConfig(**record["model"]), tokenizer,
+                  _settings(defaults, beam_size, alpha, max_extra_len), record["step"],
+                  record["average_last"], "ctranslate2", decode_fn=engine.decode_ids,
+                  compute_type=engine.compute_type)
+
+
+def _latest_checkpoint_step(workdir: str) -> int | None:
+    """The newest step folder in the workdir's checkpoints (by name; nothing is read), or None."""
+    try:
+        names = os.listdir(os.path.join(workdir, "checkpoints"))
+    except OSError:
+        return None
+    return max((int(n) for n in names if n.isdigit()), default=None)
+
+
+def _translate_lines(model: _Model, lines: list[str], output: OutputFile | None, *, input_path, truncate,
+                     show_progress) -> dict[str, Any]:
+    settings = model.settings
+    name = input_path or "<stdin>"
+    if show_progress is None:
+        show_progress = input_path is not None or not sys.stdin.isatty()
+    start = time.perf_counter()
+    with translation.progress_bar(len(lines), show_progress) as bar:
+        translations = translation.translate_texts(
+            model.params, model.model_config, model.tokenizer, lines, settings, truncate=truncate,
+            tokens_per_batch=model.tokens_per_batch, locations=[f"{name}:{i + 1}" for i in range(len(lines))],
+            progress=bar.update, decode_fn=model.decode_fn)
+    seconds = time.perf_counter() - start
+    text = "".join(t + "\n" for t in translations)
+    if output is None:
+        write_stdout(text)
+    else:
+        output.write(text)
+    target_tokens = sum(len(ids) for ids in model.tokenizer.encode_text(translations, side="target"))
+    return {"num_sentences": len(lines), "decode_seconds": seconds,
+            "sentences_per_second": len(lines) / seconds, "target_tokens_per_second": target_tokens / seconds,
+            "beam_size": settings.beam_size, "alpha": settings.alpha, "step": model.step,
+            "average_last": model.average_last, "engine": model.engine,
+            **({"compute_type": model.compute_type} if model.compute_type else {})}
