@@ -53,9 +53,9 @@ def decode_batches(params, model_config: ModelConfig, batches, settings: transla
     """(sources, outputs) of every real row of ``batches``, in the split's line order.
 
     The sources (int32[len_i], EOS included) are re-batched by the decoding budget and searched by
-    ``translation.decode_ids`` (the path of the translate command; ``tokens_per_batch`` its budget), under
-    ``constraint`` if given, or decoded by ``decode_fn(ids, settings)`` (another engine's ``decode_ids``). Outputs are
-    int32[len_i + max_extra_len] in ``decode``'s convention.
+    ``translation.decode_ids`` (the path of the translate command; ``tokens_per_batch`` its budget),
+    under ``constraint`` if given, or decoded by ``decode_fn(ids, settings)`` (another engine's
+    ``decode_ids``). Outputs are int32[len_i + max_extra_len] in ``decode``'s convention.
     """
     ids = [row[row != PAD_ID] for b in batches for row in np.asarray(b.inputs)[: b.num_real]]
     if decode_fn is None:

@@ -15,9 +15,10 @@ Outputs do not depend on the batching: example i may output ``src_len_i + max_ex
 translations equal those of one batch holding every sentence.
 
 Shapes are few so that compilation stays cheap: ``L`` is a multiple of 8 (of 32 for parsing's input +
-300) up to 64, then grows by 1.25 (:func:`decode_buckets`), the last one cut to the longest sentence. Sentences a length cannot fill a
-batch with move up to the next length, so only the last batch is partial, and its rows are rounded up to
-four sizes an octave (``eval_batches.padded_rows``); its padding rows repeat its first sentence.
+300) up to 64, then grows by 1.25 (:func:`decode_buckets`), the last one cut to the longest sentence.
+Sentences a length cannot fill a batch with move up to the next length, so only the last batch is
+partial, and its rows are rounded up to four sizes an octave (``eval_batches.padded_rows``); its padding
+rows repeat its first sentence.
 """
 
 from __future__ import annotations
