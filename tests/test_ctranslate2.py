@@ -92,12 +92,23 @@ def _train(cfg: ModelConfig, steps: int = 300):
     return jax.tree.map(np.asarray, params)
 
 
-def _teacher_forced_log_probs(params, cfg: ModelConfig, source: np.ndarray, output: np.ndarray) -> np.ndarray:
-    """float[n]: our model's log P of each token of ``output`` (up to and including EOS, no PAD)."""
-    output = output[output != PAD_ID]
+def _padded(rows: list[np.ndarray]) -> np.ndarray:
+    """int32[n, longest]: ``rows`` right-padded with PAD."""
+    out = np.full((len(rows), max(len(r) for r in rows)), PAD_ID, np.int32)
+    for i, row in enumerate(rows):
+        out[i, :len(row)] = row
+    return out
+
+
+def _teacher_forced_log_probs(params, cfg: ModelConfig, sources: list[np.ndarray],
+                              outputs: list[np.ndarray]) -> list[np.ndarray]:
+    """float[len(output)] per sentence: our model's log P of each token of its output (up to and including
+    EOS, no PAD), all sentences in one padded batch (the masks keep the padding out)."""
+    outputs = [output[output != PAD_ID] for output in outputs]
     logits = model_lib.Transformer(cfg.replace(deterministic=True)).apply(
-        {"params": params}, source[None], output[None])
-    return np.asarray(jax.nn.log_softmax(logits[0], axis=-1))[np.arange(len(output)), output]
+        {"params": params}, _padded(sources), _padded(outputs))  # [n, T, V]
+    log_probs = np.asarray(jax.nn.log_softmax(logits, axis=-1))
+    return [lp[np.arange(len(output)), output] for lp, output in zip(log_probs, outputs, strict=True)]
 
 
 def _witness(params, cfg: ModelConfig, pieces: list[str], out_dir: str, *, max_extra_len: int,
@@ -117,8 +128,8 @@ def _witness(params, cfg: ModelConfig, pieces: list[str], out_dir: str, *, max_e
     theirs = engine.decode_ids(ids, settings)
     differing = sum(not np.array_equal(a, b) for a, b in zip(ours, theirs, strict=True))
     largest = 0.0
-    for source, output, their_log_probs in zip(ids, ours, engine.score(ids, ours), strict=True):
-        our_log_probs = _teacher_forced_log_probs(params, cfg, source, output)
+    ours_scored = _teacher_forced_log_probs(params, cfg, ids, ours)
+    for our_log_probs, their_log_probs in zip(ours_scored, engine.score(ids, ours), strict=True):
         # CTranslate2 scores EOS after an output that reached its limit without one: compare the tokens.
         largest = max(largest, float(np.abs(our_log_probs - their_log_probs[:len(our_log_probs)]).max()))
     return differing, largest, ours
