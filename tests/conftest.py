@@ -1,31 +1,29 @@
 """Test-wide JAX settings: strict rank promotion and exact f32 matmuls; one compilation cache per run.
 
-The command-line tools the tests start (train.py, evaluate.py, translate, the sweep's rows) share one
-persistent compilation cache per test run, in pytest's temporary folder (shared by the xdist workers and
-rotated by pytest), so a program compiled by one subprocess is loaded by the next. The test processes
-themselves keep it off: ``JAX_COMPILATION_CACHE_DIR`` is empty when jax starts here.
+The test processes and the command-line tools they start (train.py, evaluate.py, translate, the sweep's
+rows) share one persistent compilation cache per test run, a temporary folder made by the first pytest
+process (the xdist workers inherit it) and removed when that process ends. Every program is cached,
+however fast it compiles: the tiny test models compile in well under the 1 s JAX caches by default, and
+the same programs are built again by many tests. A ``JAX_COMPILATION_CACHE_DIR`` set by the user wins.
 """
 
 import os
+import shutil
+import tempfile
 
-import jax
-import pytest
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # before jax is imported: jax reads both at import
+    _RUN_CACHE = tempfile.mkdtemp(prefix="transformer_jax_test_xla_")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _RUN_CACHE
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+else:
+    _RUN_CACHE = None  # the user's, or (in an xdist worker) the one the first process made
 
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", "")
+import jax  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _subprocess_compilation_cache(tmp_path_factory):
-    """Points the subprocesses' ``JAX_COMPILATION_CACHE_DIR`` at ``<pytest's run folder>/jax_cache``."""
-    if os.environ["JAX_COMPILATION_CACHE_DIR"]:  # set by the user: theirs
-        yield
-        return
-    folder = tmp_path_factory.getbasetemp()
-    if folder.name.startswith("popen-gw"):  # an xdist worker's folder: share the run's
-        folder = folder.parent
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = str(folder / "jax_cache")
-    yield
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = ""
+def pytest_unconfigure(config):
+    if _RUN_CACHE and not hasattr(config, "workerinput"):
+        shutil.rmtree(_RUN_CACHE, ignore_errors=True)
