@@ -1,5 +1,6 @@
 """Tests for steps.py and train_state.py: loss, schedule, train step, accumulation, sharded step."""
 
+import functools
 import json
 import os
 import subprocess
@@ -153,8 +154,9 @@ def test_non_finite_loss_reports_the_step():
     tx = optax.sgd(1.0)
     state = _state(cfg, tx)
     state = state.replace(params=jax.tree.map(lambda p: p * jnp.nan, state.params), step=jnp.int32(6))
-    _, sums = steps.train_step(state, _batch(), model=model_lib.Transformer(cfg), tx=tx,
-                               label_smoothing=0.1)
+    train_step = jax.jit(functools.partial(steps.train_step, model=model_lib.Transformer(cfg), tx=tx,
+                                           label_smoothing=0.1))
+    _, sums = train_step(state, _batch())
     assert int(sums["bad_step"]) == 7
 
     class _Ckpt:
