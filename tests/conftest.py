@@ -4,7 +4,8 @@ The test processes and the command-line tools they start (train.py, evaluate.py,
 rows) share one persistent compilation cache per test run, a temporary folder made by the first pytest
 process (the xdist workers inherit it) and removed when that process ends. Programs that compile in
 0.1 s or more are cached, not only those over JAX's default 1 s: the tiny test models compile in well
-under a second, and many tests build the same ones (single eager operations stay out). A ``JAX_COMPILATION_CACHE_DIR`` set by the user wins.
+under a second, and many tests build the same ones (single eager operations stay out). A
+``JAX_COMPILATION_CACHE_DIR`` set by the user wins.
 """
 
 import os
