@@ -185,7 +185,8 @@ COMPARED_DATA_FIELDS = ("vocab_size", "vocab_type")
 # for a notice).
 RUN_TIME_FIELDS = tuple(f"model.{name}" for name in (
     "attention_init", "dropout_rate", "attention_dropout_rate", "attention_impl", "attention_block_size",
-    "decode_cache_len", "dtype", "attention_witness", "deterministic", "decode", "decode_beams"))
+    "dtype", "attention_witness", "deterministic", "decode",
+    "decode_cache_len", "decode_beams"))  # the last two: fields of older saved configs (now cache shapes)
 
 
 def _as_dict(config: Any) -> dict:
