@@ -11,9 +11,11 @@ Slurm checks time limits every 30 s from the controller's start, so each test st
 (under a second): the first warning then comes at most 30 s into a job.
 """
 
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -199,37 +201,80 @@ def _resumed_from(log) -> list[int]:
     return [int(s) for s in re.findall(r"Resuming from step (\d+)", log.read_text())]
 
 
+def _run_pid(workdir) -> int | None:
+    """The PID of the ``train.py`` process training into ``workdir`` (not the ``srun`` that started it)."""
+    wanted = [b"train.py", f"--workdir={workdir}".encode()]
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:  # ended meanwhile
+            continue
+        if args[0] == sys.executable.encode() and all(w in args for w in wanted):
+            return int(entry)
+    return None
+
+
+def _hold_until_warned(runs: dict, timeout: float = 600) -> None:
+    """Pauses each run (SIGSTOP) once it has saved a checkpoint, until its job's log shows Slurm's time-limit
+    warning, then lets it go on (SIGCONT). ``runs``: {workdir: the job's log}.
+
+    A paused run is mid-run when the warning comes, however fast it trains, and spends no CPU while Slurm's
+    30-s check comes round; the SIGTERM the warning sends waits for it. A run warned before its first
+    checkpoint is left alone.
+    """
+    held, deadline = {}, time.time() + timeout
+    while runs and time.time() < deadline:
+        for workdir, log in list(runs.items()):
+            if log.exists() and "time limit in sight" in log.read_text():
+                with contextlib.suppress(KeyError, ProcessLookupError):
+                    os.kill(held.pop(workdir), signal.SIGCONT)
+                del runs[workdir]
+            elif workdir not in held and any(n.isdigit() for n in _listdir(workdir / "checkpoints")):
+                if pid := _run_pid(workdir):
+                    os.kill(pid, signal.SIGSTOP)
+                    held[workdir] = pid
+        time.sleep(0.05)
+    assert not runs, f"no time-limit warning after {timeout} s in {list(runs.values())}"
+
+
+def _listdir(path) -> list[str]:
+    return os.listdir(path) if os.path.isdir(path) else []
+
+
 def test_jobs_requeued_at_their_time_limit_equal_an_uninterrupted_run(slurm, tmp_path):
     """A train.py job and a sweep's array task of the same row, each with a 1-minute limit, side by side;
     the local launcher runs the row uninterrupted meanwhile.
 
     With the warning 35 s before the limit, Slurm sends it at its first 30-s check 25 s or more into an
-    attempt: 30 s into the first (the cluster started just now), 25-55 s into the next ones.
+    attempt: 30 s into the first (the cluster started just now). Each run is held from its first
+    checkpoint until then (``_hold_until_warned``), so it saves, requeues and resumes mid-run.
     """
     started = time.time()
-    num_steps = 1000  # ~25 s of steps alone: past the first warning, within the second attempt
+    num_steps = 200
     job_dir, array, local = tmp_path / "job", tmp_path / "array", tmp_path / "local"
-    env = dict(slurm.env, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"))  # resumes load programs
     flags = ["--config=configs/table3.py:base,cpu", *(f"--config.{o}" for o in _sweep_overrides(num_steps))]
     job = _submitted_job(_run([sys.executable, "-m", "transformer_jax.slurm", f"--workdir={job_dir}",
                                f"--python={sys.executable}", "--time=1", "--signal_seconds=35", "--submit",
-                               "--", *flags], env))
+                               "--", *flags], slurm.env))
     sweep_job = _submitted_job(_sweep(array, num_steps, "--rows=base", "--launcher=slurm", "--submit",
-                                      "--slurm_option=--time=1", "--slurm_signal_seconds=35", env=env))
-    local_run = _sweep(local, num_steps, "--rows=base", "--launcher=local", env=env)
-    assert local_run.returncode == 0, local_run.stdout[-2000:]
+                                      "--slurm_option=--time=1", "--slurm_signal_seconds=35", env=slurm.env))
+    local_run = _sweep(local, num_steps, "--rows=base", "--launcher=local", background=True)
+    _hold_until_warned({job_dir: job_dir / f"slurm-{job}.out",
+                        array / "base": array / f"slurm-{sweep_job}_0.out"})
+    assert local_run.wait(timeout=600) == 0, local_run.stdout.read()[-2000:]
 
     requeues = _requeues(slurm, job, job_dir / f"slurm-{job}.out")
     resumed = _resumed_from(job_dir / f"slurm-{job}.out")
     assert requeues >= 1 and max(resumed, default=0) > 0
     _assert_bitwise_equal(job_dir, local / "base")
-    assert _logged_steps(job_dir) == list(range(100, 1001, 100))  # each step once
+    assert _logged_steps(job_dir) == list(range(20, num_steps + 1, 20))  # each step once
 
     sweep_requeues = _requeues(slurm, sweep_job, array / f"slurm-{sweep_job}_0.out")
     sweep_resumed = _resumed_from(array / "base" / "train.log")
     assert sweep_requeues >= 1 and max(sweep_resumed, default=0) > 0
     _assert_bitwise_equal(array / "base", local / "base")
-    assert _logged_steps(array / "base") == list(range(100, 1001, 100))
+    assert _logged_steps(array / "base") == list(range(20, num_steps + 1, 20))
     assert _report_numbers(array) == _report_numbers(local)
     print(f"train job: {requeues} requeues, resumed from {resumed}; sweep task: {sweep_requeues} requeues, "
           f"resumed from {sweep_resumed}; {time.time() - started:.0f} s")
