@@ -1,5 +1,6 @@
 """Tests for steps.py and train_state.py: loss, schedule, train step, accumulation, sharded step."""
 
+import dataclasses
 import functools
 import json
 import os
@@ -14,13 +15,12 @@ import optax
 import pytest
 
 from transformer_jax.model import loss
-from transformer_jax.model import transformer as model_lib
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import PAD_ID
 from transformer_jax.runtime import sharding
 from transformer_jax.training import loop, steps, train_state
 
-VOCAB, BATCH, SRC_LEN, TGT_LEN = 29, 6, 7, 5
+VOCAB, BATCH, SRC_LEN, TGT_LEN = 32, 8, 7, 5
 
 
 def _reference_smoothed_ce(logits, targets, eps):
@@ -88,42 +88,60 @@ def test_cooldown_ramps_the_last_steps_linearly_to_zero():
         np.testing.assert_allclose(schedule(count), fraction * paper(count), rtol=1e-5, atol=1e-12)
 
 
-def _tiny_model_config(**overrides):
-    fields = dict(vocab_size=VOCAB, d_model=16, d_ff=24, num_heads=4, num_encoder_layers=1,
-                  num_decoder_layers=2, dropout_rate=0.0, max_len=16)
-    fields.update(overrides)
-    return ModelConfig(**fields)
+# One model, optimizer, batch and mesh layout for every step below, on one device and in the sharded
+# subprocess: the tests share their compiled programs. Vocabulary, d_ff and heads divide by the model axis.
+CONFIG = ModelConfig(vocab_size=VOCAB, d_model=16, d_ff=24, num_heads=4, num_encoder_layers=1,
+                     num_decoder_layers=1, dropout_rate=0.0, max_len=16)
+RULES = (("batch", "data"), ("length", None), ("embed", None), ("heads", "model"), ("kv", None),
+         ("mlp", "model"), ("vocab", "model"))
+TX = optax.adam(1e-2)
 
 
-def _batch(seed=0, batch=BATCH):
+def _batch(seed=0):
     rng = np.random.default_rng(seed)
-    inputs = rng.integers(4, VOCAB, size=(batch, SRC_LEN)).astype(np.int32)
-    targets = rng.integers(4, VOCAB, size=(batch, TGT_LEN)).astype(np.int32)
+    inputs = rng.integers(4, VOCAB, size=(BATCH, SRC_LEN)).astype(np.int32)
+    targets = rng.integers(4, VOCAB, size=(BATCH, TGT_LEN)).astype(np.int32)
     inputs[1, 4:] = 0
     targets[2, 2:] = 0
     targets[:, -1] = np.where(targets[:, -1] > 0, 1, 0)
-    return {"inputs": jnp.asarray(inputs), "targets": jnp.asarray(targets)}
+    return {"inputs": inputs, "targets": targets}
 
 
-def _state(cfg, tx, seed=0):
-    params = model_lib.init_params(cfg, rng=jax.random.key(seed))
-    return train_state.TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                                  opt_state=tx.init(params), rng=jax.random.PRNGKey(seed))
+def _one_device_mesh():
+    return sharding.make_mesh((1, 1), jax.devices()[:1])
 
 
-def _one_device_step(cfg, tx, grad_accum_steps=1):
-    """steps.make_train_step on a 1x1 mesh, with every array replicated."""
-    mesh = sharding.make_mesh((1, 1), jax.devices()[:1])
-    state_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    return steps.make_train_step(cfg, tx, mesh, (), state_sharding, label_smoothing=0.1,
+def _state():
+    """The initial TrainState of CONFIG and TX on one device (a fresh one: the step donates it)."""
+    state, _ = train_state.create_train_state(CONFIG, TX, _one_device_mesh(), RULES, seed=0)
+    return state
+
+
+@functools.cache
+def _one_device_step(grad_accum_steps=1):
+    """steps.make_train_step of CONFIG and TX on a 1x1 mesh, built once per ``grad_accum_steps``."""
+    mesh = _one_device_mesh()
+    _, state_sharding = train_state.create_train_state(CONFIG, TX, mesh, RULES, seed=0)
+    return steps.make_train_step(CONFIG, TX, mesh, RULES, state_sharding, label_smoothing=0.1,
                                  grad_accum_steps=grad_accum_steps)
 
 
+def _two_steps(grad_accum_steps=1):
+    """(params as NumPy arrays, metric sums) after two steps on ``_batch(3)``."""
+    step, batch = _one_device_step(grad_accum_steps), _batch(3)
+    state, _ = step(_state(), batch)
+    state, sums = step(state, batch)
+    return jax.tree.map(np.asarray, state.params), sums
+
+
+@pytest.fixture(scope="module")
+def two_steps():
+    return _two_steps()
+
+
 def test_train_step_reduces_loss_and_counts_steps():
-    cfg = _tiny_model_config()
-    tx = optax.adam(3e-3)
-    step = _one_device_step(cfg, tx)
-    state, batch = _state(cfg, tx), _batch()
+    step = _one_device_step()
+    state, batch = _state(), _batch()
     first = None
     for _ in range(30):
         state, sums = step(state, batch)
@@ -133,30 +151,16 @@ def test_train_step_reduces_loss_and_counts_steps():
     assert int(sums["bad_step"]) == steps.NO_BAD_STEP
 
 
-def test_gradient_accumulation_gives_the_same_update():
-    cfg = _tiny_model_config()
-    tx = optax.adam(1e-2)
-    batch = _batch(3)
-    results = []
-    for k in (1, 2, 3):
-        step = _one_device_step(cfg, tx, grad_accum_steps=k)
-        state, sums = step(_state(cfg, tx), batch)
-        state, sums = step(state, batch)
-        results.append((state.params, sums))
-    for params, sums in results[1:]:
-        np.testing.assert_allclose(sums["loss"], results[0][1]["loss"], rtol=1e-5)
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5),
-                     params, results[0][0])
+def test_gradient_accumulation_gives_the_same_update(two_steps):
+    params, sums = _two_steps(grad_accum_steps=4)  # micro-batches of rows (0, 4), (1, 5), ...
+    np.testing.assert_allclose(sums["loss"], two_steps[1]["loss"], rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5), params, two_steps[0])
 
 
 def test_non_finite_loss_reports_the_step():
-    cfg = _tiny_model_config()
-    tx = optax.sgd(1.0)
-    state = _state(cfg, tx)
+    state = _state()
     state = state.replace(params=jax.tree.map(lambda p: p * jnp.nan, state.params), step=jnp.int32(6))
-    train_step = jax.jit(functools.partial(steps.train_step, model=model_lib.Transformer(cfg), tx=tx,
-                                           label_smoothing=0.1))
-    _, sums = train_step(state, _batch())
+    _, sums = _one_device_step()(state, _batch())
     assert int(sums["bad_step"]) == 7
 
     class _Ckpt:
@@ -187,15 +191,15 @@ def test_accumulated_metrics_keep_the_first_bad_step_and_add_the_sums():
 
 
 def test_compiled_step_donates_the_state():
-    cfg = _tiny_model_config()
-    tx = optax.adam(1e-3)
-    state = _state(cfg, tx)
+    state = _state()
     leaf = jax.tree.leaves(state.params)[0]
-    new_state, _ = _one_device_step(cfg, tx)(state, _batch())
+    new_state, _ = _one_device_step()(state, _batch())
     assert leaf.is_deleted()  # the old buffers were handed to the new state
     assert int(new_state.step) == 1
 
 
+# Two steps of CONFIG and TX on each mesh shape of 8 faked devices: sys.argv[1] is a JSON object with
+# the config fields, the rules, the batch and the mesh shapes.
 SHARDED_SCRIPT = textwrap.dedent("""
     import json, sys
     import jax, numpy as np, optax
@@ -204,24 +208,21 @@ SHARDED_SCRIPT = textwrap.dedent("""
     from transformer_jax.training import steps, train_state
     from transformer_jax.model.config import ModelConfig
     assert jax.device_count() == 8, jax.devices()
-    cfg = ModelConfig(vocab_size=32, d_model=16, d_ff=24, num_heads=4, num_encoder_layers=1,
-                                num_decoder_layers=1, dropout_rate=0.0, max_len=16)
-    rng = np.random.default_rng(0)
-    batch = {"inputs": rng.integers(1, 32, size=(8, 7)).astype(np.int32),
-             "targets": rng.integers(1, 32, size=(8, 5)).astype(np.int32)}
-    rules = (("batch", "data"), ("length", None), ("embed", None), ("heads", "model"), ("kv", None),
-             ("mlp", "model"), ("vocab", "model"))
-    tx = optax.adam(1e-2)
+    args = json.loads(sys.argv[1])
+    cfg = ModelConfig(**args["config"])
+    rules = tuple(tuple(rule) for rule in args["rules"])
+    batch = {k: np.asarray(v, np.int32) for k, v in args["batch"].items()}
+    tx = optax.adam(args["learning_rate"])
     out = {}
-    for shape in [(1, 1), (8, 1), (4, 2), (2, 4)]:
+    for shape in args["shapes"]:
         devices = jax.devices()[: shape[0] * shape[1]]
-        mesh = sharding.make_mesh(shape, devices)
+        mesh = sharding.make_mesh(tuple(shape), devices)
         state, state_sharding = train_state.create_train_state(cfg, tx, mesh, rules, seed=0)
         step = steps.make_train_step(cfg, tx, mesh, rules, state_sharding, label_smoothing=0.1)
         for _ in range(2):
             state, sums = step(state, sharding.global_batch(batch, mesh))
         wq = state.params["decoder"]["layer_0"]["self_attention"]["query"]
-        out[str(shape)] = {
+        out[str(tuple(shape))] = {
             "loss": float(sums["loss"]),
             "params": [np.asarray(p).ravel().tolist() for p in jax.tree.leaves(state.params)],
             "query_sharding": str(wq.sharding.spec),
@@ -230,15 +231,19 @@ SHARDED_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_sharded_train_step_matches_one_device():
+def test_sharded_train_step_matches_one_device(two_steps):
+    """Data and model parallel layouts give the one-device update (this process's ``two_steps``)."""
+    args = {"config": {f.name: getattr(CONFIG, f.name) for f in dataclasses.fields(CONFIG)},
+            "rules": RULES, "learning_rate": 1e-2, "shapes": [(4, 2), (2, 4)],
+            "batch": {k: v.tolist() for k, v in _batch(3).items()}}
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", SHARDED_SCRIPT], capture_output=True, text=True,
-                          env=env, timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
+    proc = subprocess.run([sys.executable, "-c", SHARDED_SCRIPT, json.dumps(args)], capture_output=True,
+                          text=True, env=env, timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout)
-    reference = results.pop("(1, 1)")
+    reference_params, reference_sums = two_steps
     assert "None, 'model', None" in results["(2, 4)"]["query_sharding"]
     for shape, result in results.items():
-        np.testing.assert_allclose(result["loss"], reference["loss"], rtol=1e-6, err_msg=shape)
-        for a, b in zip(result["params"], reference["params"], strict=True):
-            np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5, err_msg=shape)
+        np.testing.assert_allclose(result["loss"], reference_sums["loss"], rtol=1e-6, err_msg=shape)
+        for a, b in zip(result["params"], jax.tree.leaves(reference_params), strict=True):
+            np.testing.assert_allclose(a, b.ravel(), atol=1e-6, rtol=1e-5, err_msg=shape)
