@@ -1,5 +1,6 @@
 """Tests for transformer_jax.evaluation.decode: the cache, greedy and beam search, EOS, lengths, penalty."""
 
+import functools
 import itertools
 
 import jax
@@ -38,10 +39,15 @@ def _sources(seed, vocab=VOCAB) -> jax.Array:
     return jnp.asarray(tokens, jnp.int32)
 
 
+@functools.partial(jax.jit, static_argnums=1)
+def _logits(params, cfg, inputs, targets) -> jax.Array:
+    """float32[n, T, vocab]: the full teacher-forced forward pass without dropout, compiled."""
+    return Transformer(cfg.replace(deterministic=True)).apply({"params": params}, inputs, targets)
+
+
 def _sequence_logprobs(params, cfg, inputs, tokens) -> np.ndarray:
     """float64[n]: log P(tokens | inputs) by the full teacher-forced forward pass, PAD positions skipped."""
-    logits = Transformer(cfg.replace(deterministic=True)).apply({"params": params}, inputs, tokens)
-    logprobs = np.asarray(jax.nn.log_softmax(logits, axis=-1), np.float64)  # [n, T, V]
+    logprobs = np.asarray(jax.nn.log_softmax(_logits(params, cfg, inputs, tokens), axis=-1), np.float64)
     picked = np.take_along_axis(logprobs, np.asarray(tokens)[..., None], axis=-1)[..., 0]
     return np.sum(np.where(np.asarray(tokens) != PAD_ID, picked, 0.0), axis=-1)
 
@@ -100,9 +106,9 @@ def test_cached_steps_match_the_full_causal_forward(tiny):
     cfg, params = tiny
     inputs = _sources(2)
     targets = jnp.asarray(np.random.default_rng(3).integers(4, VOCAB, size=(BATCH, 9)), jnp.int32)
-    full = Transformer(cfg.replace(deterministic=True)).apply({"params": params}, inputs, targets)
-    encoded = kv_cache.encode(params, cfg, inputs)
-    cache = kv_cache.init_cache(cfg, params, encoded, cache_len=11)  # longer than needed
+    full = _logits(params, cfg, inputs, targets)
+    encoded = jax.jit(kv_cache.encode, static_argnums=1)(params, cfg, inputs)
+    cache = jax.jit(kv_cache.init_cache, static_argnums=(0, 3))(cfg, params, encoded, 11)  # > 9 steps
     step = jax.jit(lambda c, tok: kv_cache.decode_step(params, cfg, c, inputs, tok))
     decoder_inputs = model_lib.shift_right(targets)
     steps = []
@@ -138,11 +144,11 @@ def test_beam_search_with_cache_equals_beam_search_without(tiny):
     np.testing.assert_allclose(cached[1], expected, atol=1e-5)
 
 
-@pytest.mark.parametrize("first", [1, 4])
-def test_a_cache_grown_midway_gives_the_one_phase_outputs(tiny, first):
+def test_a_cache_grown_midway_gives_the_one_phase_outputs(tiny):
     """The first phase's cache (``first`` positions, then grown to max_len) changes no token or score:
     greedy exactly, beam search the same hypotheses with scores to float tolerance."""
     cfg, params = tiny
+    first = 4  # as in the compaction test below: grown midway through the longest outputs
     inputs = _sources(6)
     one_phase = decode.greedy_search(params, cfg, inputs, max_extra_len=EXTRA,
                                      first_cache_len=SRC_LEN + EXTRA)
@@ -189,10 +195,17 @@ def test_beam_search_finds_the_best_of_all_sequences(small):
     assert np.any(best_lengths[0.0] < best_lengths[2.0])
 
 
+def _small_searches(small):
+    """Greedy and beam search (beam 4, alpha 0.6, every beam) outputs of the small model, sources + 2."""
+    cfg, params, inputs, _, _ = small
+    greedy = decode.greedy_search(params, cfg, inputs, max_extra_len=2)
+    return greedy, decode.beam_search(params, cfg, inputs, max_extra_len=2, return_all_beams=True)
+
+
 def test_beam_search_beats_greedy(small):
-    cfg, params, inputs, candidates, logprobs = small
-    greedy = decode.greedy_search(params, cfg, inputs, max_len=ENUM_LEN)
-    beam, beam_scores = decode.beam_search(params, cfg, inputs, beam_size=4, alpha=0.6, max_len=ENUM_LEN)
+    cfg, params, inputs, _, _ = small
+    greedy, (beams, all_scores) = _small_searches(small)
+    beam, beam_scores = beams[:, 0], all_scores[:, 0]
     greedy_scores = _scores(params, cfg, inputs, greedy, 0.6)
     np.testing.assert_allclose(beam_scores, _scores(params, cfg, inputs, beam, 0.6), atol=1e-5)
     assert np.all(beam_scores >= greedy_scores - 1e-5)
@@ -228,10 +241,9 @@ def test_a_sequence_that_emits_eos_first_has_length_one_and_the_loop_stops_early
 
 
 def test_eos_then_only_pad_and_per_example_limits(small):
-    cfg, params, inputs, _, _ = small  # P(EOS) ~ 1/5 per step: some end early, some at the limit
+    inputs = small[2]  # P(EOS) ~ 1/5 per step: some end early, some at the limit
     limits = np.sum(np.asarray(inputs) != PAD_ID, axis=1) + 2  # 9, 8, 7, 6, 5
-    greedy = decode.greedy_search(params, cfg, inputs, max_extra_len=2)
-    beam, _ = decode.beam_search(params, cfg, inputs, max_extra_len=2, return_all_beams=True)
+    greedy, (beam, _) = _small_searches(small)
     _assert_well_formed(greedy, limits)
     _assert_well_formed(beam.reshape(BATCH * 4, -1), np.repeat(limits, 4))
     lengths = np.asarray(_sequence_lengths(beam.reshape(BATCH * 4, -1)))
