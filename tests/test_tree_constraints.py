@@ -14,6 +14,8 @@ from transformer_jax.model.special_ids import EOS_ID, PAD_ID
 from transformer_jax.model.transformer import Transformer
 
 MAX_EXTRA_LEN = 40
+# Every decoded batch is ROWS sentences (repeated to fill) of SRC_LEN positions: one program per search.
+ROWS, SRC_LEN = 13, 80
 
 
 @pytest.fixture(scope="module")
@@ -33,19 +35,21 @@ def _model(vocab_size, seed=3):
     return config, params
 
 
-def _inputs(tokenizer, sentences):
-    """int32[batch, src_len] with EOS after each sentence's pieces, PAD after that."""
+def _inputs(tokenizer, sentences, src_len=None):
+    """int32[batch, src_len] with EOS after each sentence's pieces, PAD after that (src_len: default the
+    longest)."""
     ids = [tokenizer.encode(s) + [EOS_ID] for s in sentences]
-    inputs = np.full((len(ids), max(map(len, ids))), PAD_ID, np.int32)
+    inputs = np.full((len(ids), src_len or max(map(len, ids))), PAD_ID, np.int32)
     for row, x in enumerate(ids):
         inputs[row, :len(x)] = x
     return inputs
 
 
 def _decode(tokenizer, sentences, *, beam_size, constrained=True, seed=3, max_extra_len=MAX_EXTRA_LEN):
-    """The token lists of each sentence's decoded tree (random model)."""
+    """The token lists of each sentence's decoded tree (random model), for ``sentences`` repeated to ROWS."""
     config, params = _model(tokenizer.vocab_size, seed)
-    inputs = _inputs(tokenizer, sentences)
+    sentences = [sentences[i % len(sentences)] for i in range(ROWS)]
+    inputs = _inputs(tokenizer, sentences, SRC_LEN)
     constraint = tree_constraints.TreeConstraint.from_tokenizer(tokenizer) if constrained else None
     if beam_size == 1:
         out = decode.greedy_search(params, config, inputs, max_extra_len=max_extra_len,
@@ -84,6 +88,7 @@ def test_tokenizer_brackets_are_single_ids_and_words_keep_their_source_pieces(se
 def test_random_models_output_trees_over_the_input_words(setup, beam_size, seed):
     tokenizer, source = setup
     sentences = [words for words, _ in source.pairs("test")]
+    assert len(sentences) == ROWS
     token_lists, _ = _decode(tokenizer, sentences, beam_size=beam_size, seed=seed)
     _check_trees(token_lists, sentences)
 
@@ -106,13 +111,13 @@ ADVERSARIAL = {
 }
 
 
-@pytest.mark.parametrize("beam_size", [1, 3])
+@pytest.mark.parametrize("beam_size", [1, 4])
 def test_adversarial_inputs(setup, beam_size):
     tokenizer, _ = setup
     sentences = list(ADVERSARIAL.values())
     assert len(sentences[-1].split()) == 60
     token_lists, out = _decode(tokenizer, sentences, beam_size=beam_size)
-    _check_trees(token_lists, sentences)
+    _check_trees(token_lists, [sentences[i % len(sentences)] for i in range(ROWS)])
     # Unknown words come back as themselves, not as the UNK mark.
     assert [t for t in token_lists[0] if not is_bracket(t)] == sentences[0].split()
     assert (out == EOS_ID).any(axis=1).all()  # every row ended with EOS within its length limit
