@@ -1,30 +1,51 @@
-"""Test-wide JAX settings: strict rank promotion and exact f32 matmuls; one compilation cache per run.
+"""Test-wide JAX settings: strict rank promotion and exact f32 matmuls; one folder per test run.
 
-The test processes and the command-line tools they start (train.py, evaluate.py, translate, the sweep's
-rows) share one persistent compilation cache per test run, a temporary folder made by the first pytest
-process (the xdist workers inherit it) and removed when that process ends. Programs that compile in
-0.1 s or more are cached, not only those over JAX's default 1 s: the tiny test models compile in well
-under a second, and many tests build the same ones (single eager operations stay out). A
-``JAX_COMPILATION_CACHE_DIR`` set by the user wins.
+The first pytest process makes one temporary folder per test run (``TRANSFORMER_JAX_TEST_RUN``; the xdist
+workers inherit it) and removes it when it ends. It holds:
+
+- ``xla/``: the persistent compilation cache that the test processes and the command-line tools they start
+  (train.py, evaluate.py, translate, the sweep's rows) share. Programs that compile in 0.1 s or more are
+  cached, not only those over JAX's default 1 s: the tiny test models compile in well under a second, and
+  many tests build the same ones (single eager operations stay out). A ``JAX_COMPILATION_CACHE_DIR`` set by
+  the user wins.
+- ``trained/``: the one trained tiny workdir (``tiny.TRAINED``) of the ``trained_run`` fixture, built once
+  per run by whichever process asks first, read by every test that only reads a trained run.
 """
 
 import os
 import shutil
 import tempfile
 
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # before jax is imported: jax reads both at import
-    _RUN_CACHE = tempfile.mkdtemp(prefix="transformer_jax_test_xla_")
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = _RUN_CACHE
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
+RUN_DIR_VARIABLE = "TRANSFORMER_JAX_TEST_RUN"
+if RUN_DIR_VARIABLE not in os.environ:  # before jax is imported: jax reads the cache variables at import
+    _RUN_DIR = tempfile.mkdtemp(prefix="transformer_jax_test_run_")
+    os.environ[RUN_DIR_VARIABLE] = _RUN_DIR
+    if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(_RUN_DIR, "xla")
+        os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 else:
-    _RUN_CACHE = None  # the user's, or (in an xdist worker) the one the first process made
+    _RUN_DIR = None  # (in an xdist worker) the one the first process made
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
+@pytest.fixture(scope="session")
+def trained_run():
+    """(path, final metrics) of the shared trained tiny workdir; see ``tiny.trained_run``. Read it only
+    (``shutil.copytree`` it to change anything): the fixture fails at the end of the session if its files
+    changed."""
+    import tiny
+
+    path, final = tiny.trained_run(os.environ[RUN_DIR_VARIABLE])
+    before = tiny.listing(path)
+    yield path, final
+    assert tiny.listing(path) == before, f"a test changed the shared workdir {path}; copy it first"
+
+
 def pytest_unconfigure(config):
-    if _RUN_CACHE and not hasattr(config, "workerinput"):
-        shutil.rmtree(_RUN_CACHE, ignore_errors=True)
+    if _RUN_DIR and not hasattr(config, "workerinput"):
+        shutil.rmtree(_RUN_DIR, ignore_errors=True)

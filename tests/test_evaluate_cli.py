@@ -1,42 +1,36 @@
-"""evaluate.py end to end on a tiny trained workdir (made once): --split, --source_file/--reference_file,
---average_last, --output_dir and --overwrite, and the errors found before anything is decoded."""
+"""evaluate.py end to end on a copy of the shared tiny trained workdir (``tiny.TRAINED``: checkpoints 2, 4
+and 6, final_average_last=3): --split, --source_file/--reference_file, --average_last, --output_dir and
+--overwrite, and the errors found before anything is decoded."""
 
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
 import pytest
-from tiny import config_with, untrained_workdir
+from tiny import TRAIN, TRAINED, config_with, untrained_workdir
 
 from transformer_jax import data as data_lib
-from transformer_jax import run_config
 from transformer_jax.evaluation import workdir_scoring
 from transformer_jax.runtime.errors import ConfigError, DataError, UserError
-from transformer_jax.training import loop
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = {
-    "data.synthetic_train_size": 200, "data.synthetic_dev_size": 7, "data.synthetic_test_size": 5,
-    "data.vocab_size": 120, "data.tokens_per_batch": 512, "data.length_buckets": (16, 32, 64),
-    "model.d_model": 16, "model.d_ff": 24, "model.num_heads": 2,
-    "model.num_encoder_layers": 1, "model.num_decoder_layers": 1,
-    "train.num_steps": 4, "train.warmup_steps": 2, "log_every_steps": 2, "eval_every_steps": 0,
-    "eval_bleu_examples": 0, "final_eval_split": "", "checkpoint_every_steps": 2,
-    "checkpoint_every_minutes": 0.0, "checkpoint_keep": 3,
-}
 ABSL_LOG_LINE = re.compile(r"[IWEF]\d{4} ")  # library log lines (orbax), not the error itself
 FAST = ["--beam_size=1", "--max_extra_len=4"]  # greedy, short outputs: the tiny model is not the point
 
 
+NUM_DEV = TRAINED["data.synthetic_dev_size"]
+
+
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    """A 4-step run with checkpoints at steps 2 and 4; its synthetic test pairs."""
-    path = tmp_path_factory.mktemp("evaluate_cli")
-    config = config_with(TINY)
-    loop.train_and_evaluate(run_config.build_run_config(config), str(path))
-    return str(path), list(data_lib.get_source(config.data).pairs("test"))
+def workdir(trained_run, tmp_path_factory):
+    """A copy of the shared 6-step run (checkpoints 2, 4 and 6; its final model averages all three), which
+    these tests write their results into; its synthetic test pairs."""
+    path = str(tmp_path_factory.mktemp("evaluate_cli") / "run")
+    shutil.copytree(trained_run[0], path)
+    return path, list(data_lib.get_source(config_with(TRAINED).data).pairs("test"))
 
 
 def _evaluate(*flags: str) -> subprocess.CompletedProcess:
@@ -52,57 +46,63 @@ def _write_pair(folder, name: str, pairs, src="en", tgt="de") -> tuple[str, str]
     return paths
 
 
-def test_split(workdir):
+def test_split_scores_the_runs_final_average_by_default(workdir):
     path, _ = workdir
     result = _evaluate(f"--workdir={path}", "--split=dev", *FAST)
     assert result.returncode == 0, result.stderr
-    with open(os.path.join(path, "eval", "dev-4.json")) as f:
+    with open(os.path.join(path, "eval", "dev-6-avg3.json")) as f:
         written = json.load(f)
-    assert (written["split"], written["step"], written["num_sentences"]) == ("dev", 4, 7)
-    with open(os.path.join(path, "eval", "dev-4.txt")) as f:
-        assert len(f.read().splitlines()) == 7
+    assert (written["split"], written["step"], written["num_sentences"]) == ("dev", 6, NUM_DEV)
+    assert (written["average_last"], written["averaged_steps"]) == (3, [2, 4, 6])
+    with open(os.path.join(path, "eval", "dev-6-avg3.txt")) as f:
+        assert len(f.read().splitlines()) == NUM_DEV
     assert json.loads(result.stdout.split("\n\n")[0])["sacrebleu"] == written["sacrebleu"]
+    assert result.stdout.strip().splitlines()[-1] == (
+        "scored the mean of the 3 checkpoints at steps 2, 4, 6 (the run's final_average_last=3)")
 
     # The same command again refuses (before decoding) instead of replacing the result silently.
     again = _evaluate(f"--workdir={path}", "--split=dev", *FAST)
     assert again.returncode == 1 and "Traceback" not in again.stderr
     assert len([line for line in again.stderr.splitlines() if not ABSL_LOG_LINE.match(line)]) == 2
-    assert "dev-4.json exists" in again.stderr and "--overwrite" in again.stderr
+    assert "dev-6-avg3.json exists" in again.stderr and "--overwrite" in again.stderr
 
 
 def test_source_and_reference_files_name_the_outputs(workdir, tmp_path):
     path, pairs = workdir
     a_src, a_ref = _write_pair(tmp_path, "A", pairs[:3] + [("", "blank source: skipped")])
-    b_src, b_ref = _write_pair(tmp_path, "B", pairs[3:])
+    b_src, b_ref = _write_pair(tmp_path, "B", pairs[3:5])
     out = tmp_path / "out"  # --output_dir: the workdir is left alone
-    results = [_evaluate(f"--workdir={path}", f"--source_file={src}", f"--reference_file={ref}",
-                         f"--output_dir={out}", *FAST) for src, ref in ((a_src, a_ref), (b_src, b_ref))]
-    assert [r.returncode for r in results] == [0, 0], results[0].stderr + results[1].stderr
-    assert "skipped 1 of 4 pairs with an empty side (lines 4)" in results[0].stderr  # shown, counted
-    assert sorted(os.listdir(out)) == ["A.en-4.json", "A.en-4.txt", "B.en-4.json", "B.en-4.txt"]
+    result = _evaluate(f"--workdir={path}", f"--source_file={a_src}", f"--reference_file={a_ref}",
+                       f"--output_dir={out}", "--average_last=1", *FAST)
+    assert result.returncode == 0, result.stderr
+    assert "skipped 1 of 4 pairs with an empty side (lines 4)" in result.stderr  # shown, counted
+    workdir_scoring.evaluate_workdir(path, source_file=b_src, reference_file=b_ref, output_dir=str(out),
+                                     average_last=1, beam_size=1, max_extra_len=4)
+    assert sorted(os.listdir(out)) == ["A.en-6.json", "A.en-6.txt", "B.en-6.json", "B.en-6.txt"]
     for name, count in (("A.en", 3), ("B.en", 2)):
-        with open(out / f"{name}-4.json") as f:
+        with open(out / f"{name}-6.json") as f:
             written = json.load(f)
         assert written["num_sentences"] == count and written["source_file"].endswith(name)
-    assert not os.path.exists(os.path.join(path, "eval", "files-4.json"))
+    assert not os.path.exists(os.path.join(path, "eval", "files-6.json"))
 
 
 def test_average_last(workdir):
     path, _ = workdir
-    single = workdir_scoring.evaluate_workdir(path, split="test", beam_size=1, max_extra_len=4)
-    averaged = workdir_scoring.evaluate_workdir(path, split="test", average_last=2, beam_size=1,
-                                           max_extra_len=4)
-    assert [os.path.basename(p) for p in averaged["outputs"]] == ["test-4-avg2.txt", "test-4-avg2.json"]
-    assert averaged["average_last"] == 2 and averaged["step"] == single["step"] == 4
+    settings = {"split": "test", "beam_size": 1, "max_extra_len": 4}
+    single = workdir_scoring.evaluate_workdir(path, average_last=1, **settings)
+    averaged = workdir_scoring.evaluate_workdir(path, average_last=2, **settings)
+    assert [os.path.basename(p) for p in single["outputs"]] == ["test-6.txt", "test-6.json"]
+    assert [os.path.basename(p) for p in averaged["outputs"]] == ["test-6-avg2.txt", "test-6-avg2.json"]
+    assert averaged["average_last"] == 2 and averaged["step"] == single["step"] == 6
     assert averaged["ppl"] != pytest.approx(single["ppl"], rel=1e-6)  # other parameters were scored
-    with pytest.raises(ConfigError, match=r"--average_last=3 needs 3 checkpoints .* found 2: \[2, 4\]"):
-        workdir_scoring.evaluate_workdir(path, split="test", average_last=3, beam_size=1)
+    with pytest.raises(ConfigError, match=r"--average_last=4 needs 4 checkpoints .* found 3: \[2, 4, 6\]"):
+        workdir_scoring.evaluate_workdir(path, split="test", average_last=4, beam_size=1)
     with pytest.raises(ConfigError, match=r"--average_last=-1"):
         workdir_scoring.evaluate_workdir(path, average_last=-1)
     # --overwrite replaces a result; without it the same call is refused.
-    with pytest.raises(UserError, match=r"test-4\.json exists"):
-        workdir_scoring.evaluate_workdir(path, split="test", beam_size=1, max_extra_len=4)
-    again = workdir_scoring.evaluate_workdir(path, split="test", beam_size=1, max_extra_len=4, overwrite=True)
+    with pytest.raises(UserError, match=r"test-6\.json exists"):
+        workdir_scoring.evaluate_workdir(path, average_last=1, **settings)
+    again = workdir_scoring.evaluate_workdir(path, average_last=1, overwrite=True, **settings)
     assert again["ppl"] == pytest.approx(single["ppl"], rel=1e-6)
 
 
@@ -125,46 +125,33 @@ def test_an_unwritable_output_folder_fails_before_restoring(workdir, tmp_path):
         workdir_scoring.evaluate_workdir(path, output_dir=str(blocker / "eval"))
 
 
-@pytest.fixture(scope="module")
-def averaging_workdir(tmp_path_factory):
-    """A 4-step run whose config averages its last 2 checkpoints (steps 2 and 4)."""
-    path = tmp_path_factory.mktemp("evaluate_cli_average")
-    loop.train_and_evaluate(run_config.build_run_config(config_with({**TINY, "final_average_last": 2})),
-                            str(path))
-    return str(path)
-
-
-def test_average_last_defaults_to_the_runs_final_average_last(averaging_workdir, tmp_path):
-    path = averaging_workdir
-    result = _evaluate(f"--workdir={path}", "--split=dev", *FAST)
-    assert result.returncode == 0, result.stderr
-    with open(os.path.join(path, "eval", "dev-4-avg2.json")) as f:
-        written = json.load(f)
-    assert (written["average_last"], written["averaged_steps"]) == (2, [2, 4])
-    assert result.stdout.strip().splitlines()[-1] == (
-        "scored the mean of the 2 checkpoints at steps 2, 4 (the run's final_average_last=2)")
-
-    # The same scores as asking for it; --average_last=1 scores step 4 alone, and says so.
-    explicit = workdir_scoring.evaluate_workdir(path, split="dev", average_last=2, beam_size=1,
-                                                max_extra_len=4, output_dir=str(tmp_path / "explicit"))
-    assert explicit["ppl"] == pytest.approx(written["ppl"], rel=1e-6)
-    alone = _evaluate(f"--workdir={path}", "--split=dev", "--average_last=1", *FAST)
+def test_the_runs_final_average_equals_asking_for_it_and_average_last_1_scores_one_step(workdir, tmp_path):
+    path, _ = workdir
+    settings = {"split": "dev", "beam_size": 1, "max_extra_len": 4}
+    default = workdir_scoring.evaluate_workdir(path, output_dir=str(tmp_path / "default"), **settings)
+    explicit = workdir_scoring.evaluate_workdir(path, average_last=3, output_dir=str(tmp_path / "explicit"),
+                                                **settings)
+    assert default["averaged_steps"] == explicit["averaged_steps"] == [2, 4, 6]
+    assert explicit["ppl"] == pytest.approx(default["ppl"], rel=1e-6)
+    alone = _evaluate(f"--workdir={path}", "--split=dev", "--average_last=1",
+                      f"--output_dir={tmp_path / 'alone'}", *FAST)
     assert alone.returncode == 0, alone.stderr
     assert alone.stdout.strip().splitlines()[-1] == (
-        "scored the checkpoint at step 4 (no averaging: --average_last <= 1)")
-    with open(os.path.join(path, "eval", "dev-4.json")) as f:
+        "scored the checkpoint at step 6 (no averaging: --average_last <= 1)")
+    with open(tmp_path / "alone" / "dev-6.json") as f:
         single = json.load(f)
-    assert single["averaged_steps"] == [4] and single["ppl"] != pytest.approx(written["ppl"], rel=1e-6)
+    assert single["averaged_steps"] == [6] and single["ppl"] != pytest.approx(default["ppl"], rel=1e-6)
 
 
-def test_the_default_average_names_its_source_when_too_few_checkpoints(averaging_workdir, tmp_path):
+def test_the_default_average_names_its_source_when_too_few_checkpoints(workdir, tmp_path):
+    path, _ = workdir
     with pytest.raises(ConfigError, match=(
-            r"--average_last=2 \(the default: the run's final_average_last\) needs 2 checkpoints "
+            r"--average_last=3 \(the default: the run's final_average_last\) needs 3 checkpoints "
             r"up to step 2 .* found 1: \[2\]; pass --average_last=1 to score step 2 alone")):
-        workdir_scoring.evaluate_workdir(averaging_workdir, step=2, beam_size=1, max_extra_len=4,
-                                 output_dir=str(tmp_path / "out"))
-    scored = workdir_scoring.evaluate_workdir(averaging_workdir, step=2, average_last=1, beam_size=1,
-                                      max_extra_len=4, output_dir=str(tmp_path / "out"))
+        workdir_scoring.evaluate_workdir(path, step=2, beam_size=1, max_extra_len=4,
+                                         output_dir=str(tmp_path / "out"))
+    scored = workdir_scoring.evaluate_workdir(path, step=2, average_last=1, beam_size=1, max_extra_len=4,
+                                              output_dir=str(tmp_path / "out"))
     assert scored["averaged_steps"] == [2]
 
 
@@ -172,7 +159,7 @@ def test_a_parsing_average_is_written_beside_the_single_checkpoint_result(tmp_pa
     """An averaged parsing score goes to <split>-<step>-avg<N>.*, as a translation one does, and the
     no-overwrite guard holds for it."""
     path = str(tmp_path / "parsing")
-    untrained_workdir(config_with({**TINY, "data.source": "synthetic_trees", "data.synthetic_dev_size": 3}),
+    untrained_workdir(config_with({**TRAIN, "data.source": "synthetic_trees", "data.synthetic_dev_size": 3}),
                       path, steps=(1, 2))
     settings = {"split": "dev", "beam_size": 1, "max_extra_len": 4}
     single = workdir_scoring.evaluate_workdir(path, average_last=1, **settings)

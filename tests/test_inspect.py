@@ -1,8 +1,8 @@
 """End to end: ``python -m transformer_jax.inspect`` on a tiny trained workdir, and what it writes.
 
-One tiny workdir is trained per module (a few steps: these are structure tests, not quality tests) and the
-CLI is run on it once, in a subprocess as a user runs it, with small settings; the other tests read what
-it wrote. The unit tests of each analysis are in tests/test_inspect_<module>.py.
+The CLI is run once, in a subprocess as a user runs it, with small settings, on the shared tiny trained
+workdir (``tiny.TRAINED``: a few steps, as these are structure tests, not quality tests); the other tests
+read what it wrote. The unit tests of each analysis are in tests/test_inspect_<module>.py.
 """
 
 import json
@@ -16,28 +16,17 @@ import types
 
 import numpy as np
 import pytest
-from tiny import config_with
+from tiny import TRAINED
 
-from transformer_jax import run_config
 from transformer_jax.evaluation import translation
 from transformer_jax.inspect import ablation, complexity, forward, run_all
 from transformer_jax.model.special_ids import EOS_ID, PAD_ID
-from transformer_jax.training import loop
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SENTENCE = "The old dog saw a red car."
-# Distinct layer counts and an odd head count, so a kind/layer/head mix-up changes the image count.
-ENC_LAYERS, DEC_LAYERS, HEADS = 2, 1, 3
-D_MODEL = 18
-TINY = {
-    "data.synthetic_train_size": 300, "data.synthetic_dev_size": 11, "data.synthetic_test_size": 5,
-    "data.vocab_size": 120, "data.tokens_per_batch": 448, "data.length_buckets": (64,),
-    "model.d_model": D_MODEL, "model.d_ff": 22, "model.num_heads": HEADS,
-    "model.num_encoder_layers": ENC_LAYERS, "model.num_decoder_layers": DEC_LAYERS,
-    "train.num_steps": 3, "train.warmup_steps": 2,
-    "log_every_steps": 3, "eval_every_steps": 0, "checkpoint_every_steps": 3,
-    "checkpoint_every_minutes": 0.0, "final_eval_split": "",
-}
+# The shared run's distinct layer counts and odd head count: a kind/layer/head mix-up changes the image count.
+ENC_LAYERS, DEC_LAYERS, HEADS, D_MODEL = (TRAINED[f"model.{k}"] for k in (
+    "num_encoder_layers", "num_decoder_layers", "num_heads", "d_model"))
 FLAGS = ("workdir", "sentence", "out", "step", "num_dev", "d_ks", "lengths", "block_size", "repeats",
          "max_extra_len", "skip_ablation", "skip_benchmark")
 
@@ -48,12 +37,11 @@ def _cli(*args, timeout=600):
 
 
 @pytest.fixture(scope="module")
-def inspected(tmp_path_factory):
-    """Trains a tiny workdir, runs ``python -m transformer_jax.inspect`` on it; returns what it wrote."""
-    workdir = tmp_path_factory.mktemp("inspect_workdir")
-    loop.train_and_evaluate(run_config.build_run_config(config_with(TINY)), str(workdir))
-    out = workdir / "inspect_out"
-    proc = _cli("--workdir", str(workdir), "--sentence", SENTENCE, "--out", str(out), "--num_dev", "11",
+def inspected(trained_run, tmp_path_factory):
+    """Runs ``python -m transformer_jax.inspect`` on the shared trained workdir; returns what it wrote."""
+    assert ENC_LAYERS != DEC_LAYERS and HEADS % 2 == 1  # else a mix-up could keep the counts
+    out = tmp_path_factory.mktemp("inspect") / "out"
+    proc = _cli("--workdir", trained_run[0], "--sentence", SENTENCE, "--out", str(out), "--num_dev", "11",
                 "--d_ks", "4,64", "--lengths", "16,48", "--block_size", "16", "--repeats", "1",
                 "--max_extra_len", "3")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -258,10 +246,9 @@ def test_summary_leaves_out_what_was_not_run(inspected):
     assert ablation.WEIGHTS_ARE_NOT_EXPLANATIONS not in run_all.summarize(trimmed, cfg)
 
 
-def test_a_sentence_longer_than_the_model_reads_is_one_error_line(inspected):
-    workdir = inspected[0].parent
-    proc = _cli("--workdir", str(workdir), "--sentence", " ".join(["dog"] * 500), "--out",
-                str(workdir / "long_out"), timeout=300)
+def test_a_sentence_longer_than_the_model_reads_is_one_error_line(trained_run, tmp_path):
+    proc = _cli("--workdir", trained_run[0], "--sentence", " ".join(["dog"] * 500), "--out",
+                str(tmp_path / "long_out"), timeout=300)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert lines[-2].startswith("error: --sentence is ")
@@ -269,8 +256,8 @@ def test_a_sentence_longer_than_the_model_reads_is_one_error_line(inspected):
     assert lines[-1].startswith("(set TRANSFORMER_JAX_TRACEBACK=1")
 
 
-def test_a_long_sentence_decodes_within_the_model_limit(inspected):
-    restored = forward.restore_workdir(str(inspected[0].parent))
+def test_a_long_sentence_decodes_within_the_model_limit(trained_run):
+    restored = forward.restore_workdir(trained_run[0])
     max_len = restored.model_config.max_len
     words = []
     while len(restored.tokenizer.encode(" ".join(words + ["dog"]))) + 1 <= max_len - 2:

@@ -6,35 +6,23 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny import config_with, saved_state
+from tiny import TEST_PEAK, TRAIN, config_with, saved_state
 
 from transformer_jax import run_config
 from transformer_jax.training import loop
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Overrides that make the default config tiny; also passed to train.py as --config.key=value.
-TINY = {
-    "data.synthetic_train_size": 400, "data.synthetic_dev_size": 16, "data.synthetic_test_size": 16,
-    "data.vocab_size": 120, "data.tokens_per_batch": 512,
-    "model.d_model": 16, "model.d_ff": 24, "model.num_heads": 2,
-    "model.num_encoder_layers": 1, "model.num_decoder_layers": 1,
-    "train.num_steps": 6, "train.warmup_steps": 2, "peak_tflops_per_device": 1.0,
-    "log_every_steps": 2, "eval_every_steps": 4, "eval_bleu_examples": 4,
-    "checkpoint_every_steps": 2, "checkpoint_every_minutes": 0.0,
-    "final_eval_split": "test", "final_beam_size": 2,
-}
-
-
 def tiny_config(**overrides):
-    return config_with({**TINY, **overrides})
+    return config_with({**TRAIN, **overrides})
 
 
 def _flags(**overrides) -> list[str]:
-    return [f"--config.{k}={v}" for k, v in {**TINY, **overrides}.items()]
+    return [f"--config.{k}={v}" for k, v in {**TEST_PEAK, **TRAIN, **overrides}.items()]
 
 
 def _params(workdir, step):
@@ -51,13 +39,11 @@ def _run_train(workdir, *flags, timeout=300, wait=True):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    """One uninterrupted 6-step run, shared by the tests that compare against it."""
-    workdir = tmp_path_factory.mktemp("uninterrupted")
-    # Profiling steps 2-3 must not change the numbers the other tests compare against.
-    config = tiny_config(**{"profile_start_step": 2, "profile_num_steps": 2, "final_average_last": 3})
-    final = loop.train_and_evaluate(run_config.build_run_config(config), str(workdir))
-    return workdir, final
+def uninterrupted(trained_run):
+    """The uninterrupted 6-step run of ``tiny.TRAINED`` (TRAIN, averaging its last 3 checkpoints) that the
+    other tests compare against; read only."""
+    workdir, final = trained_run
+    return Path(workdir), final
 
 
 def test_run_writes_metrics_tensorboard_checkpoints_and_final_report(uninterrupted):
@@ -78,8 +64,6 @@ def test_run_writes_metrics_tensorboard_checkpoints_and_final_report(uninterrupt
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(workdir / "tensorboard"))
     assert sorted(int(s) for s in os.listdir(workdir / "checkpoints") if s.isdigit()) == [2, 4, 6]
     assert (workdir / "tokenizer").is_dir()
-    traces = [f for _, _, files in os.walk(workdir / "profile") for f in files]
-    assert any(f.endswith(".xplane.pb") for f in traces), traces
 
 
 def test_mfu_peak_is_the_configs_or_else_measured():
@@ -88,11 +72,15 @@ def test_mfu_peak_is_the_configs_or_else_measured():
     assert 1e9 < measured < 1e16  # a real FLOP/s figure for this device, whatever it is
 
 
-def test_resume_continues_bitwise(tmp_path, uninterrupted, capsys):
+def test_resume_continues_bitwise_and_profiling_changes_nothing(tmp_path, uninterrupted, capsys):
     workdir_full, _ = uninterrupted
     workdir = tmp_path / "resumed"
-    first = tiny_config(**{"train.num_steps": 4, "final_eval_split": ""})
+    # Profiling steps 2-3 must not change the numbers compared with the uninterrupted run below.
+    first = tiny_config(**{"train.num_steps": 4, "final_eval_split": "", "profile_start_step": 2,
+                           "profile_num_steps": 2})
     loop.train_and_evaluate(run_config.build_run_config(first), str(workdir))
+    traces = [f for _, _, files in os.walk(workdir / "profile") for f in files]
+    assert any(f.endswith(".xplane.pb") for f in traces), traces
     capsys.readouterr()
     loop.train_and_evaluate(run_config.build_run_config(tiny_config()), str(workdir))
     assert "Resuming from step 4" in capsys.readouterr().out  # not a fresh run with the same seed

@@ -1,7 +1,11 @@
-"""Shared by the end-to-end tests: the default config with overrides, locked like train.py locks it."""
+"""Shared by the end-to-end tests: the default config with overrides, locked like train.py locks it, and
+the one trained tiny run that the tests which only read a trained workdir share."""
 
+import fcntl
 import json
 import math
+import os
+import shutil
 
 import jax
 import numpy as np
@@ -14,10 +18,25 @@ from transformer_jax.checkpoints.manager import Checkpointer
 from transformer_jax.checkpoints.reader import CheckpointReader
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.runtime import sharding
-from transformer_jax.training import train_state
+from transformer_jax.training import loop, train_state
 
 # The MFU denominator of test runs: without it every run first times eleven 2048^3 matmuls.
 TEST_PEAK = {"peak_tflops_per_device": 1.0}
+
+# The tiny translation run of the end-to-end tests (also passed to train.py as --config.key=value). Distinct
+# layer counts and an odd head count, so that a kind/layer/head mix-up changes what is counted or drawn.
+TRAIN = {
+    "data.synthetic_train_size": 400, "data.synthetic_dev_size": 16, "data.synthetic_test_size": 16,
+    "data.vocab_size": 120, "data.tokens_per_batch": 512,
+    "data.length_buckets": (64,),  # one padded length: one training program to compile
+    "model.d_model": 18, "model.d_ff": 22, "model.num_heads": 3,
+    "model.num_encoder_layers": 2, "model.num_decoder_layers": 1,
+    "train.num_steps": 6, "train.warmup_steps": 2, "log_every_steps": 2, "eval_every_steps": 4,
+    "eval_bleu_examples": 4, "checkpoint_every_steps": 2, "checkpoint_every_minutes": 0.0,
+    "final_eval_split": "test", "final_beam_size": 2,
+}
+# The shared run (``trained_run``): TRAIN, its final model the mean of its checkpoints 2, 4 and 6.
+TRAINED = {**TRAIN, "final_average_last": 3}
 
 
 def config_with(overrides: dict):
@@ -89,3 +108,26 @@ def random_params(cfg, seed: int, *, unit_embedding: bool = False):
         return noise.astype(np.float32)
 
     return jax.tree_util.tree_map_with_path(draw, shapes)
+
+
+def trained_run(run_dir: str) -> tuple[str, dict]:
+    """(``<run_dir>/trained``, its final metrics): a train.py run of ``TRAINED``, trained by the first
+    process of a test run that asks (the others wait on a file lock, then read it)."""
+    path, final_path = os.path.join(run_dir, "trained"), os.path.join(run_dir, "trained_final.json")
+    with open(os.path.join(run_dir, "trained.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        if not os.path.exists(final_path):
+            shutil.rmtree(path, ignore_errors=True)  # left by a process that died building it
+            final = loop.train_and_evaluate(run_config.build_run_config(config_with(TRAINED)), path)
+            with open(final_path + ".tmp", "w") as f:
+                json.dump(final, f)
+            os.replace(final_path + ".tmp", final_path)
+    with open(final_path) as f:
+        return path, json.load(f)
+
+
+def listing(top: str) -> list[tuple[str, int, int]]:
+    """(path under ``top``, size, modification time in ns) of every file under ``top``, sorted."""
+    return sorted((os.path.relpath(os.path.join(folder, name), top), stat.st_size, stat.st_mtime_ns)
+                  for folder, _, names in os.walk(top) for name in names
+                  for stat in [os.stat(os.path.join(folder, name))])
