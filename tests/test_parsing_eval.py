@@ -13,7 +13,13 @@ import pytest
 from tiny import config_with
 
 from transformer_jax import run_config
-from transformer_jax.data import EvalBatch, default_data_config, get_source, load_or_train_tokenizer
+from transformer_jax.data import (
+    EvalBatch,
+    default_data_config,
+    eval_batches,
+    get_source,
+    load_or_train_tokenizer,
+)
 from transformer_jax.evaluation import decode, paper, parsing, translation, tree_constraints
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import PAD_ID
@@ -25,7 +31,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _tiny_model(vocab_size=37, **overrides):
     fields = dict(vocab_size=vocab_size, d_model=16, d_ff=24, num_heads=2, num_encoder_layers=1,
-                  num_decoder_layers=2, max_len=400, dropout_rate=0.0)
+                  num_decoder_layers=1, max_len=400, dropout_rate=0.0)
     config = ModelConfig(**{**fields, **overrides})
     ids = jnp.ones((1, 3), jnp.int32)
     params = Transformer(config.replace(deterministic=True)).init(jax.random.key(3), ids, ids)["params"]
@@ -119,7 +125,9 @@ def test_constrained_outputs_do_not_depend_on_the_budget(tmp_path, beam_size):
     small = parsing.decode_split(params, config, tokenizer, batches,
                                  tokens_per_batch=2 * beam_size * 28, **settings)
     large = parsing.decode_split(params, config, tokenizer, batches, **settings)
-    inputs = _batches(sources, padded_len=max(map(len, sources)) + 1, batch_size=len(sources))[0]
+    # One batch of every sentence, padded to the rows of the one batch the large budget makes (one program).
+    inputs = _batches(sources, padded_len=max(map(len, sources)) + 1,
+                      batch_size=eval_batches.padded_rows(len(sources)))[0]
     order = np.argsort(inputs.indices)
     constraint = tree_constraints.TreeConstraint.from_tokenizer(tokenizer)
     if beam_size == 1:
