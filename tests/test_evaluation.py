@@ -7,7 +7,7 @@ import re
 import jax
 import numpy as np
 import pytest
-from tiny import config_with, untrained_workdir
+from tiny import TRAIN, config_with, untrained_workdir
 
 from transformer_jax import data as data_lib
 from transformer_jax.checkpoints import restore
@@ -90,12 +90,7 @@ def test_translate_is_greedy_search_of_the_real_rows_in_split_order():
     assert references == [f"t{i}" for i in range(8)] and sources == [f"s{i}" for i in range(8)]
 
 
-TINY = {
-    "data.synthetic_train_size": 300, "data.synthetic_dev_size": 7, "data.synthetic_test_size": 5,
-    "data.vocab_size": 120, "data.tokens_per_batch": 512,
-    "model.d_model": 12, "model.d_ff": 20, "model.num_heads": 3,
-    "model.num_encoder_layers": 1, "model.num_decoder_layers": 1,
-}
+NUM_DEV = TRAIN["data.synthetic_dev_size"]
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +98,7 @@ def workdir(tmp_path_factory):
     """A train.py-shaped workdir without training: a tokenizer and checkpoints 1, 2, 3 of the initial
     state, each parameter scaled by its step, so their average is known."""
     workdir = str(tmp_path_factory.mktemp("workdir"))
-    saved = untrained_workdir(config_with(TINY), workdir, steps=(1, 2, 3))
+    saved = untrained_workdir(config_with(TRAIN), workdir, steps=(1, 2, 3))
     return workdir, saved
 
 
@@ -115,7 +110,7 @@ def _assert_params_equal(actual, expected, rtol=0.0):
 def test_restore_workdir_reads_config_tokenizer_and_the_requested_step(workdir):
     path, saved = workdir
     latest = restore.restore_workdir(path)
-    assert latest.step == 3 and latest.run.model.d_model == 12
+    assert latest.step == 3 and latest.run.model.d_model == TRAIN["model.d_model"]
     assert latest.model_config.vocab_size == latest.tokenizer.vocab_size
     _assert_params_equal(latest.params, saved[3])
     _assert_params_equal(restore.restore_workdir(path, step=2).params, saved[2])
@@ -145,7 +140,7 @@ def test_evaluate_workdir_writes_translations_and_numbers(workdir):
     txt, js = results["outputs"]
     assert (txt, js) == (os.path.join(path, "eval", "dev-3.txt"), os.path.join(path, "eval", "dev-3.json"))
     with open(txt) as f:
-        assert len(f.read().splitlines()) == 7 == results["num_sentences"]
+        assert len(f.read().splitlines()) == NUM_DEV == results["num_sentences"]
     with open(js) as f:
         written = json.load(f)
     assert (written["split"], written["step"], written["beam_size"]) == ("dev", 3, 2)
@@ -153,7 +148,7 @@ def test_evaluate_workdir_writes_translations_and_numbers(workdir):
     assert 0 <= written["sacrebleu"] <= 100 and "table" in results
     assert written["decode_seconds"] > 0
     # Both are rounded to 2 decimals: up to 0.005 off, which is more than 1% below 0.5 sentences/s.
-    assert written["sentences_per_second"] == pytest.approx(7 / written["decode_seconds"], rel=0.01,
+    assert written["sentences_per_second"] == pytest.approx(NUM_DEV / written["decode_seconds"], rel=0.01,
                                                             abs=0.006)
     with pytest.raises(ValueError, match="reference_file"):
         workdir_scoring.evaluate_workdir(path, source_file=txt)

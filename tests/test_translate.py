@@ -10,7 +10,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from tiny import config_with, untrained_workdir
+from tiny import TRAIN, config_with, untrained_workdir
 
 from transformer_jax import data as data_lib
 from transformer_jax.checkpoints import restore
@@ -229,19 +229,11 @@ def test_read_lines_keeps_empty_lines_and_drops_the_final_line_end(tmp_path):
 # --------------------------------------------------------------------------------------------------
 # The command, on a workdir of an untrained tiny model.
 
-TINY = {
-    "data.synthetic_train_size": 300, "data.synthetic_dev_size": 7, "data.synthetic_test_size": 5,
-    "data.vocab_size": 120, "data.tokens_per_batch": 512,
-    "model.d_model": 12, "model.d_ff": 20, "model.num_heads": 3,
-    "model.num_encoder_layers": 1, "model.num_decoder_layers": 1,
-}
-
-
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     """A train.py-shaped workdir without training: a tokenizer and checkpoint 1 of the initial state."""
     workdir = str(tmp_path_factory.mktemp("workdir"))
-    untrained_workdir(config_with(TINY), workdir)
+    untrained_workdir(config_with(TRAIN), workdir)
     return workdir
 
 
@@ -382,7 +374,7 @@ def test_a_full_stdout_is_one_line(workdir):
 
 def test_translate_refuses_a_parsing_workdir(tmp_path):
     parsing = str(tmp_path / "parsing")
-    untrained_workdir(config_with({**TINY, "data.source": "synthetic_trees"}), parsing)
+    untrained_workdir(config_with({**TRAIN, "data.source": "synthetic_trees"}), parsing)
     line = _only_error_line(_run_bytes([f"--workdir={parsing}"], b"a sentence\n"))
     assert line == (f"error: --workdir={parsing} is a parsing run; translate decodes translation runs. "
                     f"Parse with: python evaluate.py --workdir={parsing} (trees over the input words)")
