@@ -1,5 +1,9 @@
 """Test-wide JAX settings: strict rank promotion and exact f32 matmuls; one folder per test run.
 
+Exact f32 matmuls (``JAX_DEFAULT_MATMUL_PRECISION=highest``) are set in the environment, so the command-line
+tools the tests start compile the same programs as the test processes and share their cached programs (the
+precision is part of a program; on CPU it changes no result).
+
 The first pytest process makes one temporary folder per test run (``TRANSFORMER_JAX_TEST_RUN``; the xdist
 workers inherit it) and removes it when it ends. It holds:
 
@@ -16,8 +20,9 @@ import os
 import shutil
 import tempfile
 
+os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"  # before jax is imported, as are the two below
 RUN_DIR_VARIABLE = "TRANSFORMER_JAX_TEST_RUN"
-if RUN_DIR_VARIABLE not in os.environ:  # before jax is imported: jax reads the cache variables at import
+if RUN_DIR_VARIABLE not in os.environ:
     _RUN_DIR = tempfile.mkdtemp(prefix="transformer_jax_test_run_")
     os.environ[RUN_DIR_VARIABLE] = _RUN_DIR
     if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
@@ -30,7 +35,6 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
-jax.config.update("jax_default_matmul_precision", "highest")
 
 
 @pytest.fixture(scope="session")
