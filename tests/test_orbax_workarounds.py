@@ -71,6 +71,32 @@ def test_the_log_filter_keeps_other_records():
     assert keep.filter(record("/x/transformer_jax/checkpoints/manager.py", "save failed", full))
 
 
+def _collect_a_failed_task_never_awaited(error: OSError) -> None:
+    """A write task that failed with ``error`` and that nobody awaited, collected: asyncio logs it."""
+    async def write():
+        raise error
+
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(write())
+    loop.run_until_complete(asyncio.sleep(0))  # the task runs and fails; nothing awaits it
+    loop.close()
+    del task  # collected: "Task exception was never retrieved", traceback included
+
+
+@pytest.mark.parametrize("filtered", [True, False])
+def test_asyncio_logs_a_failed_write_task_never_awaited_unless_filtered(monkeypatch, caplog, filtered):
+    monkeypatch.setattr(logging.getLogger("asyncio"), "filters", [])
+    if filtered:
+        orbax_workarounds.quiet_disk_full_logs()
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        _collect_a_failed_task_never_awaited(OSError(errno.ENOSPC, "No space left on device"))
+        _collect_a_failed_task_never_awaited(OSError(errno.EACCES, "Permission denied"))
+    never_retrieved = [r for r in caplog.records
+                       if r.name == "asyncio" and "exception was never retrieved" in r.getMessage()]
+    assert [r.exc_info[1].errno for r in never_retrieved] == ([errno.EACCES] if filtered else
+                                                               [errno.ENOSPC, errno.EACCES])
+
+
 def test_reading_logs_no_orbax_warning(tmp_path, caplog):
     """Reading needs no orbax manager (a read-only one warns "Given directory is read only" each time)."""
     save_steps(tmp_path, [1])
