@@ -30,7 +30,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 6
 FAULT = {
     "data.synthetic_train_size": 400, "data.synthetic_dev_size": 16, "data.synthetic_test_size": 16,
-    "data.vocab_size": 120, "data.tokens_per_batch": 512,
+    "data.vocab_size": 120, "data.tokens_per_batch": 512, "data.length_buckets": (64,),  # one step program
     "model.d_model": 16, "model.d_ff": 24, "model.num_heads": 2,
     "model.num_encoder_layers": 1, "model.num_decoder_layers": 1,
     "train.num_steps": STEPS, "train.warmup_steps": 2,
@@ -45,14 +45,14 @@ def train(workdir, **overrides):
     return loop.train_and_evaluate(run, str(workdir))
 
 
-def start(script, workdir, **overrides) -> subprocess.Popen:
-    """Starts ``script`` on ``workdir``. Its programs compile cold (no compilation cache), so each phase a
-    test signals or kills lasts as long as it does on a first run (a cached final evaluation can end
-    before its signal is sent)."""
+def start(script, workdir, *, cold=False, **overrides) -> subprocess.Popen:
+    """Starts ``script`` on ``workdir`` with the run's compilation cache. ``cold``: without it, so its
+    programs compile as on a first run; for a phase that must still be running when its signal is sent
+    after a sign it began (a cached final evaluation can end before then)."""
     flags = [f"--config.{k}={v}" for k, v in {**FAULT, **overrides}.items()] if script == "train.py" else []
+    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR="") if cold else None
     return subprocess.Popen([sys.executable, os.path.join(REPO, script), f"--workdir={workdir}", *flags],
-                            cwd=REPO, env=dict(os.environ, JAX_COMPILATION_CACHE_DIR=""),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def finish(proc, timeout=300) -> str:
@@ -162,7 +162,7 @@ def test_sigterm_in_each_phase_exits_zero_and_loses_nothing(tmp_path):
     assert step >= 2 and saved_steps(workdir)[-1] == step
 
     final = {"train.num_steps": step + 1, "final_eval_split": "test"}  # the final evaluation
-    proc = start("train.py", workdir, **final)
+    proc = start("train.py", workdir, cold=True, **final)
     wait_for(lambda: step + 1 in saved_steps(workdir), proc, f"checkpoint {step + 1}")
     kill(proc, signal.SIGTERM)
     out = proc.stdout.read()
