@@ -74,7 +74,8 @@ def server():
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     httpd.files, httpd.requests, httpd.truncate, httpd.ranges = dict(GZ), [], set(), True
     httpd.url = f"http://127.0.0.1:{httpd.server_address[1]}/data/"
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    # shutdown() waits for the loop to look at its flag, every poll_interval (by default 0.5 s)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
     thread.start()
     yield httpd
     httpd.shutdown()
