@@ -1,25 +1,21 @@
 """User errors at the entry points: two lines on stderr, exit 1, no traceback (issue 12, section 6).
 
-The subprocesses fail during validation, before JAX compiles anything, so each takes about a second.
+Each command is a process of its own (``test_entry_points.Commands``) that fails during validation,
+before JAX compiles anything.
 """
 
-import os
 import subprocess
-import sys
 
 import pytest
+from test_entry_points import Commands
 
 from transformer_jax.runtime import errors
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-
-def _run(script: str, *args: str, traceback: bool = False) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != errors.TRACEBACK_ENV}
-    if traceback:
-        env[errors.TRACEBACK_ENV] = "1"
-    return subprocess.run([sys.executable, os.path.join(REPO, script), *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
+@pytest.fixture(scope="module")
+def commands():
+    with Commands() as server:
+        yield server
 
 
 def _assert_short(result: subprocess.CompletedProcess, *named: str) -> str:
@@ -33,56 +29,56 @@ def _assert_short(result: subprocess.CompletedProcess, *named: str) -> str:
     return lines[0]
 
 
-def test_train_bad_config_field(tmp_path):
-    result = _run("train.py", f"--workdir={tmp_path / 'w'}", "--config.train.learning_rate_scale=-1")
+def test_train_bad_config_field(tmp_path, commands):
+    result = commands.run("train.py", f"--workdir={tmp_path / 'w'}", "--config.train.learning_rate_scale=-1")
     _assert_short(result, "config.train.learning_rate_scale=-1")
     assert not (tmp_path / "w").exists()  # nothing was created, let alone trained
 
 
-def test_train_missing_data_file(tmp_path):
+def test_train_missing_data_file(tmp_path, commands):
     for name in ("train.en", "train.de", "val.en", "test.en", "test.de"):  # val.de is missing
         (tmp_path / name).write_text("a b\n")
-    result = _run("train.py", f"--workdir={tmp_path / 'w'}", "--config.data.source=text",
-                  f"--config.data.dir={tmp_path}")
+    result = commands.run("train.py", f"--workdir={tmp_path / 'w'}", "--config.data.source=text",
+                          f"--config.data.dir={tmp_path}")
     _assert_short(result, str(tmp_path / "val.de"), "dev split")
     assert not (tmp_path / "w").exists()
 
 
-def test_a_data_error_found_at_start_leaves_no_workdir(tmp_path):
+def test_a_data_error_found_at_start_leaves_no_workdir(tmp_path, commands):
     data = tmp_path / "data"
     data.mkdir()
     for name in ("val.en", "val.de", "test.en", "test.de"):
         (data / name).write_text("a b\n")
     (data / "train.en").write_text("a b\nc d\n")
     (data / "train.de").write_text("a b\n")  # one line short
-    result = _run("train.py", f"--workdir={tmp_path / 'w'}", "--config.data.source=text",
-                  f"--config.data.dir={data}")
+    result = commands.run("train.py", f"--workdir={tmp_path / 'w'}", "--config.data.source=text",
+                          f"--config.data.dir={data}")
     _assert_short(result, "train.en has 2 lines", "train.de has 1 lines")
     assert not (tmp_path / "w").exists()
 
 
-def test_data_dir_naming_a_file_says_so(tmp_path):
+def test_data_dir_naming_a_file_says_so(tmp_path, commands):
     (tmp_path / "train.en").write_text("a b\n")
-    result = _run("train.py", f"--workdir={tmp_path / 'w'}", "--config.data.source=text",
-                  f"--config.data.dir={tmp_path / 'train.en'}")
+    result = commands.run("train.py", f"--workdir={tmp_path / 'w'}", "--config.data.source=text",
+                          f"--config.data.dir={tmp_path / 'train.en'}")
     assert _assert_short(result) == (f"error: data.dir={tmp_path / 'train.en'} is a file; expected the "
                                      "folder that holds the data files. Point data.dir at its folder")
 
 
-def test_a_nan_is_not_a_finite_number(tmp_path):
-    result = _run("train.py", f"--workdir={tmp_path / 'w'}", "--config.train.learning_rate_scale=nan")
+def test_a_nan_is_not_a_finite_number(tmp_path, commands):
+    result = commands.run("train.py", f"--workdir={tmp_path / 'w'}", "--config.train.learning_rate_scale=nan")
     line = _assert_short(result, "config.train.learning_rate_scale=nan")
     assert "a finite number > 0" in line and "inf]" not in line
 
 
-def test_evaluate_missing_workdir_and_bad_flag(tmp_path):
-    _assert_short(_run("evaluate.py", f"--workdir={tmp_path / 'nope'}"), "nope: no such directory")
-    _assert_short(_run("evaluate.py", f"--workdir={tmp_path}", "--average_last=-1"),
+def test_evaluate_missing_workdir_and_bad_flag(tmp_path, commands):
+    _assert_short(commands.run("evaluate.py", f"--workdir={tmp_path / 'nope'}"), "nope: no such directory")
+    _assert_short(commands.run("evaluate.py", f"--workdir={tmp_path}", "--average_last=-1"),
                   "--average_last=-1")
 
 
-def test_the_environment_variable_shows_the_traceback(tmp_path):
-    result = _run("evaluate.py", f"--workdir={tmp_path / 'nope'}", traceback=True)
+def test_the_environment_variable_shows_the_traceback(tmp_path, commands):
+    result = commands.run("evaluate.py", f"--workdir={tmp_path / 'nope'}", traceback=True)
     assert result.returncode == 1
     assert "Traceback" in result.stderr and "MissingFileError" in result.stderr
 

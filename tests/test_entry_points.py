@@ -2,13 +2,21 @@
 
 Each row of ``BAD_INPUTS`` is (entry point, arguments, text the error line must contain). A new command
 joins by adding its rows (``python -m transformer_jax.<name>`` for a package with ``__main__``, or a
-script path). The inputs fail during validation, before
-anything compiles or trains, so each row takes a second or two (an import of jax).
+script path). The inputs fail during validation, before anything compiles or trains.
+
+Each command runs in a process of its own, with its own exit status, stdout and stderr: a fork of one
+Python process (``Commands``) that imported jax and the libraries the entry points share once, so a row
+takes a fraction of a second instead of the seconds of those imports. The entry point itself is imported
+in the fork, as ``python -m`` / ``python script.py`` would, and the shared imports are checked once to
+print nothing.
 """
 
+import json
 import os
 import subprocess
 import sys
+import tempfile
+import textwrap
 
 import pytest
 
@@ -52,12 +60,74 @@ BAD_INPUTS = [
 ]
 
 
-def run(entry: str, *args: str, timeout: int = 180) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != errors.TRACEBACK_ENV}
-    command = [sys.executable, os.path.join(REPO, entry)] if entry.endswith(".py") else [
-        sys.executable, "-m", entry]
-    return subprocess.run([*command, *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+# Reads one request a line, [entry, args, environment, timeout]; answers [exit status, stdout, stderr].
+SERVER = textwrap.dedent("""
+    import gc, json, os, runpy, signal, sys, tempfile
+    import jax, transformer_jax.run_config, transformer_jax.training.loop  # what every entry point imports
+    streams = {1: os.path.join(tempfile.mkdtemp(), "out"), 2: os.path.join(tempfile.mkdtemp(), "err")}
+    gc.freeze()  # the forks' collections skip these objects (no copy of their pages at exit)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        entry, args, env, timeout = json.loads(line)
+        pid = os.fork()
+        if pid == 0:  # from here on this process is `python entry args`: it exits as that would
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            for fd, path in streams.items():
+                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+            os.environ.clear()
+            os.environ.update(env)
+            signal.alarm(timeout)  # SIGALRM ends a command that hangs
+            sys.argv = [entry, *args]
+            if entry.endswith(".py"):
+                runpy.run_path(entry, run_name="__main__")
+            else:
+                runpy.run_module(entry, run_name="__main__", alter_sys=True)
+            sys.exit(0)
+        status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        print(json.dumps([status, *(open(path).read() for path in streams.values())]), flush=True)
+""")
+
+
+class Commands:
+    """Runs entry points as ``python -m entry args`` / ``python script.py args`` would, each in a fork of
+    one server process that imported the shared libraries once (``SERVER``). A context manager."""
+
+    def __init__(self):
+        self._stderr = tempfile.TemporaryFile("w+")
+        env = {k: v for k, v in os.environ.items() if k != errors.TRACEBACK_ENV}
+        self._server = subprocess.Popen([sys.executable, "-c", SERVER], cwd=REPO, env=env, text=True,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr)
+        assert self._server.stdout.readline() == "ready\n", self._server.communicate()
+        self._stderr.seek(0)
+        assert self._stderr.read() == ""  # the shared imports print nothing (each command's own do)
+
+    def run(self, entry: str, *args: str, traceback: bool = False,
+            timeout: int = 180) -> subprocess.CompletedProcess:
+        """``entry`` (a script under the repository or a module) with ``args``, from the repository root,
+        in this environment without ``TRANSFORMER_JAX_TRACEBACK`` (set to 1 with ``traceback``)."""
+        env = {k: v for k, v in os.environ.items() if k != errors.TRACEBACK_ENV}
+        if traceback:
+            env[errors.TRACEBACK_ENV] = "1"
+        self._server.stdin.write(json.dumps([entry, args, env, timeout]) + "\n")
+        self._server.stdin.flush()
+        answer = self._server.stdout.readline()
+        assert answer, f"the command server ended: {self._server.wait()}"
+        status, stdout, stderr = json.loads(answer)
+        return subprocess.CompletedProcess([entry, *args], status, stdout, stderr)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._server.stdin.close()
+        self._server.wait(timeout=60)
+        self._stderr.close()
+
+
+@pytest.fixture(scope="module")
+def commands():
+    with Commands() as server:
+        yield server
 
 
 def assert_one_error_line(result: subprocess.CompletedProcess, *named: str) -> str:
@@ -74,31 +144,32 @@ def assert_one_error_line(result: subprocess.CompletedProcess, *named: str) -> s
 
 @pytest.mark.parametrize("entry,args,expected", BAD_INPUTS,
                          ids=[f"{e}:{' '.join(a)}" for e, a, _ in BAD_INPUTS])
-def test_a_bad_input_is_one_error_line(entry, args, expected, tmp_path):
+def test_a_bad_input_is_one_error_line(entry, args, expected, tmp_path, commands):
     workdir = [] if entry != "train.py" else [f"--workdir={tmp_path / 'w'}"]
-    result = run(entry, *workdir, *(a.replace("<tmp>", str(tmp_path)) for a in args))
+    result = commands.run(entry, *workdir, *(a.replace("<tmp>", str(tmp_path)) for a in args))
     assert_one_error_line(result, expected.replace("<tmp>", str(tmp_path)))
     assert not (tmp_path / "w").exists() and not (tmp_path / "missing_workdir").exists()  # nothing made
 
 
-def test_vocab_size_beyond_the_corpus_fails_before_the_tokenizer_trains(tmp_path):
+def test_vocab_size_beyond_the_corpus_fails_before_the_tokenizer_trains(tmp_path, commands):
     workdir = tmp_path / "w"
-    result = run("train.py", f"--workdir={workdir}", *TINY_TRAIN, "--config.data.vocab_size=10000000")
+    result = commands.run("train.py", f"--workdir={workdir}", *TINY_TRAIN,
+                          "--config.data.vocab_size=10000000")
     line = assert_one_error_line(result, "config.data.vocab_size=10000000 is too large for this training "
                                  "corpus", "pieces; set data.vocab_size well below")
     assert "SentencePiece can build" not in line  # the bound from the words, not a trained tokenizer
     assert not (workdir / "checkpoints").exists() and not (workdir / "tokenizer").exists()
 
 
-def test_a_second_run_on_a_busy_workdir_is_one_error_line(tmp_path):
+def test_a_second_run_on_a_busy_workdir_is_one_error_line(tmp_path, commands):
     workdir = tmp_path / "busy"
     with WorkdirLock(str(workdir)):  # this process is the live run
-        result = run("train.py", f"--workdir={workdir}", *TINY_TRAIN)
+        result = commands.run("train.py", f"--workdir={workdir}", *TINY_TRAIN)
     assert_one_error_line(result, f"workdir {workdir} is in use by another run: pid {os.getpid()}")
 
 
-def test_evaluate_errors_come_without_orbax_warnings(tmp_path):
+def test_evaluate_errors_come_without_orbax_warnings(tmp_path, commands):
     (tmp_path / "checkpoints").mkdir()  # read (and found empty) before the error
-    result = run("evaluate.py", f"--workdir={tmp_path}")
+    result = commands.run("evaluate.py", f"--workdir={tmp_path}")
     assert_one_error_line(result, "no checkpoint")
     assert "read only" not in result.stderr and "W1" not in result.stderr
