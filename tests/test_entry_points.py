@@ -60,11 +60,12 @@ BAD_INPUTS = [
 ]
 
 
-# Reads one request a line, [entry, args, environment, timeout]; answers [exit status, stdout, stderr].
+# Reads one request a line, [entry, args, environment, timeout]; answers [exit status, stdout, stderr]
+# (kept in files in the folder argv[1] names).
 SERVER = textwrap.dedent("""
-    import gc, json, os, runpy, signal, sys, tempfile
+    import gc, json, os, runpy, signal, sys
     import jax, transformer_jax.run_config, transformer_jax.training.loop  # what every entry point imports
-    streams = {1: os.path.join(tempfile.mkdtemp(), "out"), 2: os.path.join(tempfile.mkdtemp(), "err")}
+    streams = {1: os.path.join(sys.argv[1], "stdout"), 2: os.path.join(sys.argv[1], "stderr")}
     gc.freeze()  # the forks' collections skip these objects (no copy of their pages at exit)
     print("ready", flush=True)
     for line in sys.stdin:
@@ -93,13 +94,16 @@ class Commands:
     one server process that imported the shared libraries once (``SERVER``). A context manager."""
 
     def __init__(self):
-        self._stderr = tempfile.TemporaryFile("w+")
+        self._folder = tempfile.TemporaryDirectory()
         env = {k: v for k, v in os.environ.items() if k != errors.TRACEBACK_ENV}
-        self._server = subprocess.Popen([sys.executable, "-c", SERVER], cwd=REPO, env=env, text=True,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr)
-        assert self._server.stdout.readline() == "ready\n", self._server.communicate()
-        self._stderr.seek(0)
-        assert self._stderr.read() == ""  # the shared imports print nothing (each command's own do)
+        with open(os.path.join(self._folder.name, "server_stderr"), "w+") as stderr:
+            self._server = subprocess.Popen([sys.executable, "-c", SERVER, self._folder.name], cwd=REPO,
+                                            env=env, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                            stderr=stderr)
+            ready = self._server.stdout.readline()
+            stderr.seek(0)
+            imports_said = stderr.read()
+        assert ready == "ready\n" and imports_said == "", imports_said  # (each command's own imports may)
 
     def run(self, entry: str, *args: str, traceback: bool = False,
             timeout: int = 180) -> subprocess.CompletedProcess:
@@ -121,7 +125,7 @@ class Commands:
     def __exit__(self, *exc_info) -> None:
         self._server.stdin.close()
         self._server.wait(timeout=60)
-        self._stderr.close()
+        self._folder.cleanup()
 
 
 @pytest.fixture(scope="module")
