@@ -141,17 +141,35 @@ def _report_numbers(workdir) -> list[dict]:
             for row in report.build_report(str(workdir))["rows"]]
 
 
+def _run_pid(workdir) -> int | None:
+    """The PID of the ``train.py`` process training into ``workdir`` (not the ``srun`` that started it)."""
+    wanted = [b"train.py", f"--workdir={workdir}".encode()]
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:  # ended meanwhile
+            continue
+        if args[0] == sys.executable.encode() and all(w in args for w in wanted):
+            return int(entry)
+    return None
+
+
 def test_sweep_array_equals_local_and_resumes_a_cancelled_row(slurm, tmp_path):
-    rows = (200, "--rows=D-drop0.0")  # num_steps (~5 s), and the rows (with base)
+    rows = (100, "--rows=D-drop0.0")  # num_steps (~3 s), and the rows (with base)
     array, local = tmp_path / "array", tmp_path / "local"
     job = _submitted_job(_sweep(array, *rows, "--launcher=slurm", "--submit", env=slurm.env))
     local_run = _sweep(local, *rows, "--launcher=local", background=True)  # the reference, meanwhile
-    # Task 1 (D-drop0.0) is cancelled once its first checkpoint is saved.
-    first_checkpoint = array / "D-drop0.0" / "checkpoints" / "20"
+    # Task 1 (D-drop0.0) is cancelled once its first checkpoint is saved; its run is held meanwhile
+    # (SIGSTOP), so the cancel lands mid-row however fast it trains.
+    first_checkpoint = array / "D-drop0.0" / "checkpoints" / "10"
     deadline = time.time() + 300
     while not first_checkpoint.exists() and time.time() < deadline:
-        time.sleep(0.2)
+        time.sleep(0.02)
+    run = _run_pid(array / "D-drop0.0")
+    os.kill(run, signal.SIGSTOP)
     assert _run(["scancel", f"{job}_1"], slurm.env).returncode == 0
+    os.kill(run, signal.SIGCONT)
     tasks = {t["ArrayTaskId"]: t for t in _wait_for(slurm, job)}
     assert tasks["1"]["JobState"] == "CANCELLED" and tasks["0"]["JobState"] == "COMPLETED"
     assert (array / "base" / "result.json").exists() and not (array / "D-drop0.0" / "result.json").exists()
@@ -162,7 +180,7 @@ def test_sweep_array_equals_local_and_resumes_a_cancelled_row(slurm, tmp_path):
     assert all(t["JobState"] == "COMPLETED" for t in _wait_for(slurm, job2))
     assert "done already" in (array / f"slurm-{job2}_0.out").read_text()
     resumed = re.findall(r"Resuming from step (\d+)", (array / "D-drop0.0" / "train.log").read_text())
-    assert resumed and int(resumed[-1]) >= 20
+    assert resumed and int(resumed[-1]) >= 10
     assert _report_numbers(array) == _report_numbers(local)
     assert all(row["status"] == "done" for row in _report_numbers(array))
 
@@ -199,20 +217,6 @@ def _requeues(cluster, job: str, log) -> int:
 
 def _resumed_from(log) -> list[int]:
     return [int(s) for s in re.findall(r"Resuming from step (\d+)", log.read_text())]
-
-
-def _run_pid(workdir) -> int | None:
-    """The PID of the ``train.py`` process training into ``workdir`` (not the ``srun`` that started it)."""
-    wanted = [b"train.py", f"--workdir={workdir}".encode()]
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                args = f.read().split(b"\0")
-        except OSError:  # ended meanwhile
-            continue
-        if args[0] == sys.executable.encode() and all(w in args for w in wanted):
-            return int(entry)
-    return None
 
 
 def _hold_until_warned(runs: dict, timeout: float = 600) -> None:
