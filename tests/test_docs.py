@@ -7,7 +7,8 @@ separate commands; ``# ...`` is a comment; ``< file``, ``> file``, ``2>&1`` are 
 
 - ``-m MODULE`` must have an importable spec (a package needs ``MODULE.__main__``); a script must exist.
 - For an entry point of this repository, its absl flags are read by running the script or module in a
-  subprocess with its ``main`` not called (``errors.run_main`` and ``absl.app.run`` replaced): every
+  fresh process (a fork of one subprocess that has imported the shared libraries) with its ``main`` not
+  called (``errors.run_main`` and ``absl.app.run`` replaced): every
   ``--flag``, ``--flag value``, ``--noflag`` must be one of them. ``--config.a.b`` must be a field of the
   config the command names with ``--config=`` (or of the flag's default config). Positional arguments are
   allowed only where the entry point takes them (``run_main(..., takes_args=True)``), and must be one of
@@ -141,30 +142,48 @@ def doc_commands(markdown: str, name: str) -> list[Command]:
 # ------------------------------------------------------------------------------------- entry points
 
 _INTROSPECT = r"""
-import json, runpy, sys
+import json, os, runpy, sys, traceback
 from absl import app, flags
 from ml_collections.config_flags import config_flags
 from transformer_jax.runtime import errors
+import jax, flax.linen, optax, orbax.checkpoint  # noqa: F401 - imported once, before the forks
 
-calls = []
-errors.run_main = lambda main, *, takes_args=False, **kwargs: calls.append(bool(takes_args))
-app.run = lambda main, *args, **kwargs: calls.append(True)  # not run_main: cannot tell; allow
-app.define_help_flags()
-kind, target, choices_name = sys.argv[1:4]
-sys.argv = [target]
-if kind == "module":
-    module = runpy.run_module(target, run_name="__main__", alter_sys=True)
-else:
-    module = runpy.run_path(target, run_name="__main__")
-described = {}
-for name in flags.FLAGS:
-    flag = flags.FLAGS[name]
-    is_config = isinstance(flag, config_flags._ConfigFlag)
-    described[name] = {"boolean": bool(flag.boolean),
-                       "config": getattr(flag, "default_unparsed", None) if is_config else None}
-choices = sorted(module[choices_name]) if choices_name in module else None
-print("DOCS_CHECK " + json.dumps({"flags": described, "takes_args": calls[-1] if calls else None,
-                                  "choices": choices}))
+
+def describe(kind, target, choices_name):
+    calls = []
+    errors.run_main = lambda main, *, takes_args=False, **kwargs: calls.append(bool(takes_args))
+    app.run = lambda main, *args, **kwargs: calls.append(True)  # not run_main: cannot tell; allow
+    app.define_help_flags()
+    sys.argv = [target]
+    if kind == "module":
+        module = runpy.run_module(target, run_name="__main__", alter_sys=True)
+    else:
+        module = runpy.run_path(target, run_name="__main__")
+    described = {}
+    for name in flags.FLAGS:
+        flag = flags.FLAGS[name]
+        is_config = isinstance(flag, config_flags._ConfigFlag)
+        described[name] = {"boolean": bool(flag.boolean),
+                           "config": getattr(flag, "default_unparsed", None) if is_config else None}
+    choices = sorted(module[choices_name]) if choices_name in module else None
+    return {"kind": kind, "target": target, "flags": described,
+            "takes_args": calls[-1] if calls else None, "choices": choices}
+
+
+failed = False
+for kind, target, choices_name in json.loads(sys.argv[1]):
+    sys.stdout.flush()
+    child = os.fork()
+    if child == 0:  # a copy of this process per entry point: flags and modules as a new process has them
+        try:
+            print("DOCS_CHECK " + json.dumps(describe(kind, target, choices_name)), flush=True)
+        except BaseException:
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(1)
+        os._exit(0)
+    failed |= os.waitpid(child, 0)[1] != 0
+sys.exit(1 if failed else 0)
 """
 
 
@@ -176,15 +195,30 @@ class EntryPoint:
 
 
 @functools.cache
-def entry_point(kind: str, target: str) -> EntryPoint:
-    """The flags (and positional rule) of ``python target`` (kind "script") or ``python -m target``."""
-    choices = POSITIONAL_CHOICES.get(target, "")
-    done = subprocess.run([sys.executable, "-c", _INTROSPECT, kind, target, choices], cwd=REPO,
+def entry_points(targets: tuple[tuple[str, str], ...]) -> dict[tuple[str, str], EntryPoint]:
+    """{(kind, target): its flags (and positional rule)} of ``python target`` (kind "script") or
+    ``python -m target``: one subprocess imports the libraries they share, then forks one child per target."""
+    spec = [(kind, target, POSITIONAL_CHOICES.get(target, "")) for kind, target in targets]
+    done = subprocess.run([sys.executable, "-c", _INTROSPECT, json.dumps(spec)], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("DOCS_CHECK ")]
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(f"reading the flags of {target} failed:\n{done.stderr[-3000:]}")
-    return EntryPoint(**json.loads(lines[-1].removeprefix("DOCS_CHECK ")))
+    found = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("DOCS_CHECK "):
+            record = json.loads(line.removeprefix("DOCS_CHECK "))
+            key = record.pop("kind"), record.pop("target")
+            found[key] = EntryPoint(**record)
+    if done.returncode != 0 or len(found) != len(targets):
+        missing = sorted(target for kind, target in targets if (kind, target) not in found)
+        raise RuntimeError(f"reading the flags of {missing} failed:\n{done.stderr[-3000:]}")
+    return found
+
+
+def entry_point(kind: str, target: str) -> EntryPoint:
+    """The flags of one entry point, read with those of every entry point the docs name."""
+    known = entry_points(doc_entry_points())
+    if (kind, target) not in known:
+        known = entry_points(((kind, target),))
+    return known[kind, target]
 
 
 def is_repo_module(name: str) -> bool:
@@ -227,17 +261,26 @@ def field_problem(config: ml_collections.ConfigDict, dotted: str, config_name: s
 
 def command_problems(argv: tuple[str, ...]) -> list[str]:
     """What in one python command names something that does not exist (empty: nothing)."""
+    problems, entry = resolve(argv)
+    if entry is None:
+        return problems
+    kind, target, rest = entry
+    return argument_problems(entry_point(kind, target), target, rest)
+
+
+def resolve(argv: tuple[str, ...]) -> tuple[list[str], tuple[str, str, list[str]] | None]:
+    """(problems, None), or ([], (kind, target, its arguments)) for an entry point of this repository."""
     args = list(argv)
     if args[:1] == [UNPARSABLE]:
-        return [f"cannot split the line as the shell would: {args[1]}"]
+        return [f"cannot split the line as the shell would: {args[1]}"], None
     while args and args[0].startswith("-") and args[0] not in ("-m", "-c"):
         args.pop(0)  # interpreter options (-u, -O, ...)
     if not args or args[0] == "-c":
-        return []  # inline code: nothing to look up
+        return [], None  # inline code: nothing to look up
     if args[0] == "-m":
         if len(args) < 2:
-            return ["-m without a module"]
-        kind, target, rest = "module", args[1], args[2:]
+            return ["-m without a module"], None
+        target = args[1]
         try:
             spec = importlib.util.find_spec(target)
             if spec is not None and spec.submodule_search_locations is not None:
@@ -245,14 +288,13 @@ def command_problems(argv: tuple[str, ...]) -> list[str]:
         except (ImportError, ValueError):
             spec = None
         if spec is None:
-            return [f"-m {target}: no such module (or package without __main__)"]
+            return [f"-m {target}: no such module (or package without __main__)"], None
         if not is_repo_module(target):
-            return []  # a tool (venv, pip, pytest): its flags are not ours to check
-    else:
-        kind, target, rest = "script", args[0], args[1:]
-        if not (REPO / target).is_file():
-            return [f"{target}: no such file in the repository"]
-    return argument_problems(entry_point(kind, target), target, rest)
+            return [], None  # a tool (venv, pip, pytest): its flags are not ours to check
+        return [], ("module", target, args[2:])
+    if not (REPO / args[0]).is_file():
+        return [f"{args[0]}: no such file in the repository"], None
+    return [], ("script", args[0], args[1:])
 
 
 def argument_problems(entry: EntryPoint, target: str, args: list[str]) -> list[str]:
@@ -312,6 +354,13 @@ def argument_problems(entry: EntryPoint, target: str, args: list[str]) -> list[s
 
 def all_doc_commands() -> list[Command]:
     return [c for path in DOC_FILES for c in doc_commands(path.read_text("utf-8"), path.name)]
+
+
+@functools.cache
+def doc_entry_points() -> tuple[tuple[str, str], ...]:
+    """(kind, target) of every entry point of this repository that a doc command runs."""
+    entries = (resolve(c.argv)[1] for c in all_doc_commands())
+    return tuple(sorted({(e[0], e[1]) for e in entries if e is not None}))
 
 
 # ---------------------------------------------------------------------------------------------- tests
