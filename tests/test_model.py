@@ -39,7 +39,7 @@ def test_output_shape_and_dtype(tiny_params):
 
 def test_bfloat16_compute_keeps_float32_params_and_logits(tiny_params):
     cfg = _tiny(dtype="bfloat16")
-    params = model_lib.init_params(cfg, rng=jax.random.key(0))
+    params = jax.eval_shape(lambda key: model_lib.init_params(cfg, rng=key), jax.random.key(0))  # dtypes
     assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
     logits = Transformer(cfg).apply({"params": tiny_params}, _tokens(0, (BATCH, SRC_LEN)),
                                     _tokens(1, (BATCH, TGT_LEN)))
@@ -150,7 +150,7 @@ def test_decoder_receptive_field_has_no_gradient_from_the_future(tiny_params):
                              inputs, targets)
         return logits[:, position].sum()
 
-    grads = jax.grad(logit_sum_at_position)(state["perturbations"])
+    grads = jax.jit(jax.grad(logit_sum_at_position))(state["perturbations"])
     grad = np.asarray(grads["decoder"]["embedded"])  # [B, T, d_model], w.r.t. decoder inputs
     assert np.all(grad[:, position + 1:] == 0.0)
     assert np.all(np.abs(grad[:, : position + 1]).sum(-1) > 0)
@@ -209,7 +209,7 @@ def test_blockwise_attention_model_matches_dense(tiny_params):
     inputs[0, 4:] = 0
     targets = _tokens(15, (BATCH, TGT_LEN))
     dense = Transformer(_tiny()).apply({"params": tiny_params}, jnp.asarray(inputs), targets)
-    blockwise = Transformer(_tiny(attention_impl="blockwise", attention_block_size=4)).apply(
+    blockwise = jax.jit(Transformer(_tiny(attention_impl="blockwise", attention_block_size=4)).apply)(
         {"params": tiny_params}, jnp.asarray(inputs), targets)
     np.testing.assert_allclose(blockwise, dense, atol=1e-5, rtol=1e-5)
 
