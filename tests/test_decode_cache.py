@@ -5,8 +5,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tiny import random_params
 
-from transformer_jax.model import transformer as model_lib
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.decode_cache import DecodeCache
 from transformer_jax.model.special_ids import PAD_ID
@@ -21,7 +21,7 @@ CONFIG = ModelConfig(vocab_size=VOCAB, d_model=15, d_ff=17, num_heads=3, d_k=5, 
 @pytest.fixture(scope="module")
 def tiny():
     cfg = CONFIG
-    params = model_lib.init_params(cfg, rng=jax.random.key(0))
+    params = random_params(cfg, 0)
     rng = np.random.default_rng(1)
     inputs = rng.integers(4, VOCAB, size=(BATCH, SRC_LEN))
     inputs[np.arange(SRC_LEN)[None, :] >= (SRC_LEN - np.arange(BATCH))[:, None]] = PAD_ID
@@ -95,11 +95,11 @@ def test_grow_then_decode_equals_decoding_with_the_larger_cache_from_the_start(t
 
 def test_select_keeps_exactly_those_examples_rows(tiny):
     _, params, inputs, _, tokens, _ = tiny
-    _, cache = _run(tiny, _init(tiny, 6), range(2))
+    _, cache = _run(tiny, _init(tiny, 8), range(2))
     examples = jnp.asarray([3, 0], jnp.int32)
     rows = np.asarray([9, 10, 11, 0, 1, 2])  # example 3's beams, then example 0's
     kept = cache.select(examples)
-    assert (kept.batch, kept.beams, kept.cache_len) == (2, BEAMS, 6)
+    assert (kept.batch, kept.beams, kept.cache_len) == (2, BEAMS, 8)
     for old, new in zip(cache.layers, kept.layers, strict=True):
         for old_array, new_array in zip(old, new, strict=True):
             np.testing.assert_array_equal(new_array, np.asarray(old_array)[[3, 0]])
@@ -113,7 +113,7 @@ def test_select_keeps_exactly_those_examples_rows(tiny):
 
 def test_reorder_moves_only_the_ancestry_and_a_row_continues_from_its_parent(tiny):
     _, params, inputs, _, tokens, parents = tiny
-    _, cache = _run(tiny, _init(tiny, 6), range(2))
+    _, cache = _run(tiny, _init(tiny, 8), range(2))
     rows = parents[2]
     moved = cache.reorder(rows)
     np.testing.assert_array_equal(moved.ancestry, np.asarray(cache.ancestry)[np.asarray(rows)])
