@@ -112,7 +112,7 @@ def test_finite_difference_gradients():
     mask = attention.padding_mask(None, jnp.array([[1, 1, 1, 1, 1, 0, 0]]))
     with jax.enable_x64(True):
         q, k, v = (a.astype(jnp.float64) for a in (q, k, v))
-        f = lambda q, k, v: attention.dot_product_attention(q, k, v, mask)
+        f = jax.jit(lambda q, k, v: attention.dot_product_attention(q, k, v, mask))
         check_grads(f, (q, k, v), order=1, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6)
 
 
