@@ -146,7 +146,7 @@ import json, os, runpy, sys, traceback
 from absl import app, flags
 from ml_collections.config_flags import config_flags
 from transformer_jax.runtime import errors
-import jax, flax.linen, optax, orbax.checkpoint  # noqa: F401 - imported once, before the forks
+import jax, flax.linen, optax  # noqa: F401 - imported once, before the forks (they define no absl flags)
 
 
 def describe(kind, target, choices_name):
