@@ -174,10 +174,9 @@ def test_sweep_array_equals_local_and_resumes_a_cancelled_row(slurm, tmp_path):
     assert tasks["1"]["JobState"] == "CANCELLED" and tasks["0"]["JobState"] == "COMPLETED"
     assert (array / "base" / "result.json").exists() and not (array / "D-drop0.0" / "result.json").exists()
 
-    assert local_run.wait(timeout=600) == 0, local_run.stdout.read()[-2000:]
-
     job2 = _submitted_job(_sweep(array, *rows, "--launcher=slurm", "--submit", env=slurm.env))
     assert all(t["JobState"] == "COMPLETED" for t in _wait_for(slurm, job2))
+    assert local_run.wait(timeout=600) == 0, local_run.stdout.read()[-2000:]
     assert "done already" in (array / f"slurm-{job2}_0.out").read_text()
     resumed = re.findall(r"Resuming from step (\d+)", (array / "D-drop0.0" / "train.log").read_text())
     assert resumed and int(resumed[-1]) >= 10
