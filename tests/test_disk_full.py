@@ -181,7 +181,7 @@ def test_a_full_disk_anywhere_else_is_one_error_line(monkeypatch, capsys, tmp_pa
 STEPS = 6
 TINY = {
     "data.synthetic_train_size": 400, "data.synthetic_dev_size": 16, "data.synthetic_test_size": 16,
-    "data.vocab_size": 120, "data.tokens_per_batch": 512,
+    "data.vocab_size": 120, "data.tokens_per_batch": 512, "data.length_buckets": (64,),  # one program
     "model.d_model": 32, "model.d_ff": 48, "model.num_heads": 2,
     "model.num_encoder_layers": 1, "model.num_decoder_layers": 1,
     "train.num_steps": STEPS, "train.warmup_steps": 2,
