@@ -23,7 +23,6 @@ WORKER = textwrap.dedent("""
     port, process_id, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
                                process_id=process_id, initialization_timeout=60)
-    jax.config.update("jax_default_matmul_precision", "highest")
     import numpy as np
     sys.path.insert(0, "tests")
     from test_multiprocess import train_three_steps

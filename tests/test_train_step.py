@@ -203,7 +203,6 @@ def test_compiled_step_donates_the_state():
 SHARDED_SCRIPT = textwrap.dedent("""
     import json, sys
     import jax, numpy as np, optax
-    jax.config.update("jax_default_matmul_precision", "highest")
     from transformer_jax.runtime import sharding
     from transformer_jax.training import steps, train_state
     from transformer_jax.model.config import ModelConfig
