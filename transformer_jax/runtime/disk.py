@@ -65,7 +65,7 @@ def free_bytes(path: str) -> int:
 
 
 def describe_filesystem(path: str, *, space: bool = True) -> str:
-    """E.g. ``"the tmpfs filesystem mounted at /mnt/small (0 B free of 2.1 MiB)"``."""
+    """``"the <type> filesystem mounted at <mount point> (<free> free of <size>)"`` for ``path``."""
     mount = mount_point(path)
     kind = _fs_type(mount)
     return f"the {kind + ' ' if kind else ''}filesystem mounted at {mount}" + (
@@ -73,7 +73,7 @@ def describe_filesystem(path: str, *, space: bool = True) -> str:
 
 
 def describe_space(path: str) -> str:
-    """E.g. ``"980.0 KiB free of 2.1 MiB"`` for the filesystem holding ``path``."""
+    """``"<free> free of <size>"`` (binary units) for the filesystem holding ``path``."""
     try:
         usage = shutil.disk_usage(mount_point(path))
     except OSError as e:
