@@ -1,8 +1,9 @@
 """The fault matrix of issue 12: each fault, then a check that nothing was lost and the message is right.
 
-Tiny model, 6 steps, a checkpoint every step. One uninterrupted run is the reference; faults that need a
-real process (kill -9, SIGTERM, exit codes) run train.py / evaluate.py as subprocesses, the others run
-in-process (sharing compiled programs). Assertions are on facts (steps, fields, files), not prose.
+The shared tiny model (``tiny.TRAIN``), 6 steps, a checkpoint every step. The shared uninterrupted run
+(``trained_run``) is the reference; faults that need a real process (kill -9, SIGTERM, exit codes) run
+train.py / evaluate.py as subprocesses, the others run in-process; all share the compiled programs of the
+reference. Assertions are on facts (steps, fields, files), not prose.
 """
 
 import glob
@@ -14,10 +15,11 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny import config_with, saved_state
+from tiny import TEST_PEAK, TRAIN, config_with, saved_state
 
 from transformer_jax import run_config
 from transformer_jax.checkpoints import integrity, restore
@@ -27,16 +29,11 @@ from transformer_jax.runtime.errors import MissingFileError
 from transformer_jax.training import loop
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = 6
+STEPS = TRAIN["train.num_steps"]
+# TRAIN's data, model and optimizer (the reference's compiled programs), every step logged and saved.
 FAULT = {
-    "data.synthetic_train_size": 400, "data.synthetic_dev_size": 16, "data.synthetic_test_size": 16,
-    "data.vocab_size": 120, "data.tokens_per_batch": 512, "data.length_buckets": (64,),  # one step program
-    "model.d_model": 16, "model.d_ff": 24, "model.num_heads": 2,
-    "model.num_encoder_layers": 1, "model.num_decoder_layers": 1,
-    "train.num_steps": STEPS, "train.warmup_steps": 2,
-    "log_every_steps": 1, "eval_every_steps": 0, "eval_bleu_examples": 0,
-    "checkpoint_every_steps": 1, "checkpoint_every_minutes": 0.0, "checkpoint_keep": 20,
-    "final_eval_split": "", "final_beam_size": 4, "peak_tflops_per_device": 1.0,
+    **TEST_PEAK, **TRAIN, "log_every_steps": 1, "eval_every_steps": 0, "eval_bleu_examples": 0,
+    "checkpoint_every_steps": 1, "checkpoint_keep": 20, "final_eval_split": "",
 }
 
 
@@ -105,11 +102,10 @@ def resumed_from(output: str) -> int | None:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The uninterrupted 6-step run."""
-    workdir = tmp_path_factory.mktemp("reference")
-    assert train(workdir)["step"] == STEPS
-    assert saved_steps(workdir) == list(range(1, STEPS + 1))
+def reference(trained_run):
+    """The uninterrupted 6-step run of TRAIN (``tiny.TRAINED``: checkpoints 2, 4 and 6); read only."""
+    workdir = Path(trained_run[0])
+    assert saved_steps(workdir) == [2, 4, STEPS]
     return workdir
 
 
@@ -143,7 +139,7 @@ def test_kill_9_at_startup_mid_training_and_mid_save_then_resume_bitwise(tmp_pat
 
 
 # ------------------------------------------------------------------------------------------------ SIGTERM
-def test_sigterm_in_each_phase_exits_zero_and_loses_nothing(tmp_path):
+def test_sigterm_in_each_phase_exits_zero_and_loses_nothing_and_a_live_run_holds_the_workdir(tmp_path):
     workdir = tmp_path / "sigterm"
     proc = start("train.py", workdir, **{"train.num_steps": 100000})  # setup: tokenizer, init, compile
     wait_for(lambda: (workdir / ".lock").exists(), proc, "the workdir lock", poll=0.005)
@@ -155,6 +151,9 @@ def test_sigterm_in_each_phase_exits_zero_and_loses_nothing(tmp_path):
 
     proc = start("train.py", workdir, **{"train.num_steps": 100000})  # the training loop
     wait_for(lambda: 2 in saved_steps(workdir), proc, "checkpoint 2")
+    second = start("train.py", workdir)  # refused while the first one lives
+    out = finish(second)
+    assert second.returncode != 0 and f"pid {proc.pid}" in out, out[-3000:]
     kill(proc, signal.SIGTERM)
     out = proc.stdout.read()
     assert proc.returncode == 0, out[-3000:]
@@ -212,12 +211,13 @@ def test_a_bit_flip_is_detected_by_evaluation_and_training(tmp_path, reference, 
                 f.seek(offset)
                 f.write(bytes(b ^ 0x5A for b in chunk))
 
+    previous = saved_steps(reference)[-2]
     with caplog.at_level(logging.WARNING):
-        assert restore.restore_workdir(str(workdir)).step == STEPS - 1  # evaluate.py's path
+        assert restore.restore_workdir(str(workdir)).step == previous  # evaluate.py's path
     assert any(f"step {STEPS}" in r.getMessage() and "damaged" in r.getMessage() for r in caplog.records)
     capsys.readouterr()
     train(workdir)  # resumes from the previous step and recomputes the damaged one
-    assert resumed_from(capsys.readouterr().out) == STEPS - 1
+    assert resumed_from(capsys.readouterr().out) == previous
     assert glob.glob(f"{workdir}/checkpoints/{STEPS}.damaged-*")
     assert_same_as_reference(workdir, reference)
 
@@ -251,11 +251,11 @@ def test_a_missing_or_different_tokenizer_is_an_error_and_never_retrained(tmp_pa
 def test_a_changed_model_config_names_the_fields_and_damages_nothing(tmp_path, reference, caplog):
     workdir = copy_of(reference, tmp_path)
     with caplog.at_level(logging.WARNING), pytest.raises(integrity.CheckpointMismatchError) as e:
-        train(workdir, **{"model.d_model": 32, "model.num_heads": 4})
+        train(workdir, **{"model.d_model": 24, "model.num_heads": 4})
     message = str(e.value)
-    assert "model.d_model: saved 16, new 32" in message and "model.num_heads: saved 2, new 4" in message
+    assert "model.d_model: saved 18, new 24" in message and "model.num_heads: saved 3, new 4" in message
     assert "d_ff" not in message
-    assert saved_steps(workdir) == list(range(1, STEPS + 1))
+    assert saved_steps(workdir) == saved_steps(reference)
     assert not glob.glob(f"{workdir}/checkpoints/*damaged*")
     assert not [r for r in caplog.records if "damaged" in r.getMessage()]
 

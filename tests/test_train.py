@@ -1,28 +1,26 @@
-"""End-to-end tests of the training loop: outputs, resume, kill -9, preemption, lock and NaN."""
+"""End-to-end tests of the training loop: outputs, resume, profiling, NaN and config typos (kill -9,
+SIGTERM and the workdir lock: test_faults.py)."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny import TEST_PEAK, TRAIN, config_with, saved_state
+from tiny import TRAIN, config_with, saved_state
 
 from transformer_jax import run_config
 from transformer_jax.training import loop
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# No evaluation during or after training, for the tests that check only the training itself.
+QUICK = {"eval_every_steps": 0, "eval_bleu_examples": 0, "final_eval_split": ""}
+
 
 def tiny_config(**overrides):
     return config_with({**TRAIN, **overrides})
-
-
-def _flags(**overrides) -> list[str]:
-    return [f"--config.{k}={v}" for k, v in {**TEST_PEAK, **TRAIN, **overrides}.items()]
 
 
 def _params(workdir, step):
@@ -30,11 +28,8 @@ def _params(workdir, step):
     return saved_state(tiny_config(), workdir, step)
 
 
-def _run_train(workdir, *flags, timeout=300, wait=True):
+def _run_train(workdir, *flags, timeout=300):
     cmd = [sys.executable, os.path.join(REPO, "train.py"), f"--workdir={workdir}", *flags]
-    if not wait:
-        return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
@@ -76,13 +71,12 @@ def test_resume_continues_bitwise_and_profiling_changes_nothing(tmp_path, uninte
     workdir_full, _ = uninterrupted
     workdir = tmp_path / "resumed"
     # Profiling steps 2-3 must not change the numbers compared with the uninterrupted run below.
-    first = tiny_config(**{"train.num_steps": 4, "final_eval_split": "", "profile_start_step": 2,
-                           "profile_num_steps": 2})
+    first = tiny_config(**{"train.num_steps": 4, **QUICK, "profile_start_step": 2, "profile_num_steps": 2})
     loop.train_and_evaluate(run_config.build_run_config(first), str(workdir))
     traces = [f for _, _, files in os.walk(workdir / "profile") for f in files]
     assert any(f.endswith(".xplane.pb") for f in traces), traces
     capsys.readouterr()
-    loop.train_and_evaluate(run_config.build_run_config(tiny_config()), str(workdir))
+    loop.train_and_evaluate(run_config.build_run_config(tiny_config(**QUICK)), str(workdir))
     assert "Resuming from step 4" in capsys.readouterr().out  # not a fresh run with the same seed
     # Only the remaining steps were computed (and logged): each log step appears once.
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
@@ -94,39 +88,11 @@ def test_resume_continues_bitwise_and_profiling_changes_nothing(tmp_path, uninte
         np.testing.assert_array_equal(a, b)
 
 
-def _wait_for_checkpoint(workdir, step, proc, timeout=240):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if (workdir / "checkpoints" / str(step)).is_dir():
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"train.py ended early:\n{proc.stdout.read()[-3000:]}")
-        time.sleep(0.2)
-    raise AssertionError(f"no checkpoint {step} after {timeout}s")
-
-
-def test_sigterm_saves_and_exits_zero_and_a_second_run_is_refused_while_live(tmp_path):
-    workdir = tmp_path / "preempted"
-    proc = _run_train(workdir, *_flags(**{"train.num_steps": 100000, "final_eval_split": "",
-                                          "eval_every_steps": 0}), wait=False)
-    _wait_for_checkpoint(workdir, 2, proc)
-    second = _run_train(workdir, *_flags())
-    assert second.returncode != 0
-    assert f"pid {proc.pid}" in second.stdout + second.stderr
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0, out[-3000:]
-    assert "Preempted: saved a checkpoint at step" in out
-    step = int(out.split("Preempted: saved a checkpoint at step ")[1].split()[0])
-    assert (workdir / "checkpoints" / str(step)).is_dir()
-
-
 def test_non_finite_values_stop_with_the_step_and_keep_the_last_good_checkpoint(tmp_path):
     workdir = tmp_path / "nan"
-    quick = {"final_eval_split": "", "eval_every_steps": 0}
-    first = tiny_config(**{"train.num_steps": 4, **quick})
+    first = tiny_config(**{"train.num_steps": 4, **QUICK})
     loop.train_and_evaluate(run_config.build_run_config(first), str(workdir))
-    config = tiny_config(**{"train.learning_rate_scale": 1e30, "train.num_steps": 8, **quick})
+    config = tiny_config(**{"train.learning_rate_scale": 1e30, "train.num_steps": 8, **QUICK})
     with pytest.raises(FloatingPointError, match=r"step [5-8]\b.*The last good checkpoint is step 4 in"):
         loop.train_and_evaluate(run_config.build_run_config(config), str(workdir))
     saved = sorted(int(s) for s in os.listdir(workdir / "checkpoints") if s.isdigit())
