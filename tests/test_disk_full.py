@@ -3,7 +3,8 @@
 Two ways to fill the disk: an ``OSError(ENOSPC)`` injected into orbax's own write of one item (in the
 background thread of an asynchronous save, or inside a synchronous one), and a real tmpfs too small for the
 second checkpoint of a tiny train.py run (needs root to mount; skipped otherwise). The rerun with space
-must resume from the checkpoint the error named and end bitwise where an undisturbed run ends.
+must resume from the checkpoint the error named and end bitwise where an undisturbed run (the shared
+``trained_run``) ends.
 """
 
 import errno
@@ -13,12 +14,13 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 from test_checkpoint import ABSTRACT, assert_trees_equal, make_state, new_checkpointer
-from tiny import config_with, saved_state
+from tiny import TEST_PEAK, TRAIN, config_with, saved_state
 
 from transformer_jax.checkpoints.reader import INTEGRITY_ITEM
 from transformer_jax.runtime import disk, errors
@@ -178,17 +180,10 @@ def test_a_full_disk_anywhere_else_is_one_error_line(monkeypatch, capsys, tmp_pa
 
 
 # --------------------------------------------------------------------------------------- a real small disk
-STEPS = 6
-TINY = {
-    "data.synthetic_train_size": 400, "data.synthetic_dev_size": 16, "data.synthetic_test_size": 16,
-    "data.vocab_size": 120, "data.tokens_per_batch": 512, "data.length_buckets": (64,),  # one program
-    "model.d_model": 32, "model.d_ff": 48, "model.num_heads": 2,
-    "model.num_encoder_layers": 1, "model.num_decoder_layers": 1,
-    "train.num_steps": STEPS, "train.warmup_steps": 2,
-    "log_every_steps": 1, "eval_every_steps": 0, "eval_bleu_examples": 0,
-    "checkpoint_every_steps": 2, "checkpoint_every_minutes": 0.0, "checkpoint_keep": 20,
-    "final_eval_split": "", "peak_tflops_per_device": 1.0,
-}
+STEPS = TRAIN["train.num_steps"]
+# The shared run's data, model, optimizer and checkpoint steps (2, 4, 6), no evaluation.
+TINY = {**TEST_PEAK, **TRAIN, "log_every_steps": 1, "eval_every_steps": 0, "eval_bleu_examples": 0,
+        "checkpoint_keep": 20, "final_eval_split": ""}
 
 
 def _train(workdir) -> subprocess.CompletedProcess:
@@ -205,12 +200,10 @@ def _mount(point, size_bytes: int, remount: bool = False) -> bool:
     return result.returncode == 0
 
 
-def test_a_real_full_disk_then_a_rerun_with_space_resumes_bitwise(tmp_path):
+def test_a_real_full_disk_then_a_rerun_with_space_resumes_bitwise(tmp_path, trained_run):
     if not hasattr(os, "geteuid") or os.geteuid() != 0 or not shutil.which("mount"):
         pytest.skip("mounting a small tmpfs needs root")
-    reference = tmp_path / "reference"
-    result = _train(reference)
-    assert result.returncode == 0, result.stderr[-3000:]
+    reference = Path(trained_run[0])  # TINY's steps; its evaluation adds a few kB of files beside them
     checkpoint = disk.directory_bytes(str(reference / "checkpoints" / "2"))
     rest = disk.directory_bytes(str(reference)) - disk.directory_bytes(str(reference / "checkpoints"))
     point = tmp_path / "small"
