@@ -76,6 +76,8 @@ def test_source_and_reference_files_name_the_outputs(workdir, tmp_path):
                        f"--output_dir={out}", "--average_last=1", *FAST)
     assert result.returncode == 0, result.stderr
     assert "skipped 1 of 4 pairs with an empty side (lines 4)" in result.stderr  # shown, counted
+    assert result.stdout.strip().splitlines()[-1] == (
+        "scored the checkpoint at step 6 (no averaging: --average_last <= 1)")
     workdir_scoring.evaluate_workdir(path, source_file=b_src, reference_file=b_ref, output_dir=str(out),
                                      average_last=1, beam_size=1, max_extra_len=4)
     assert sorted(os.listdir(out)) == ["A.en-6.json", "A.en-6.txt", "B.en-6.json", "B.en-6.txt"]
@@ -133,14 +135,12 @@ def test_the_runs_final_average_equals_asking_for_it_and_average_last_1_scores_o
                                                 **settings)
     assert default["averaged_steps"] == explicit["averaged_steps"] == [2, 4, 6]
     assert explicit["ppl"] == pytest.approx(default["ppl"], rel=1e-6)
-    alone = _evaluate(f"--workdir={path}", "--split=dev", "--average_last=1",
-                      f"--output_dir={tmp_path / 'alone'}", *FAST)
-    assert alone.returncode == 0, alone.stderr
-    assert alone.stdout.strip().splitlines()[-1] == (
-        "scored the checkpoint at step 6 (no averaging: --average_last <= 1)")
+    alone = workdir_scoring.evaluate_workdir(path, average_last=1, output_dir=str(tmp_path / "alone"),
+                                             **settings)
     with open(tmp_path / "alone" / "dev-6.json") as f:
         single = json.load(f)
-    assert single["averaged_steps"] == [6] and single["ppl"] != pytest.approx(default["ppl"], rel=1e-6)
+    assert single["averaged_steps"] == alone["averaged_steps"] == [6]
+    assert single["ppl"] != pytest.approx(default["ppl"], rel=1e-6)
 
 
 def test_the_default_average_names_its_source_when_too_few_checkpoints(workdir, tmp_path):
