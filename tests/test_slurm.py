@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -41,8 +42,10 @@ TINY_FLAGS = {
     "log_every_steps": 10, "checkpoint_every_steps": 10, "checkpoint_every_minutes": 0.0,
     "eval_every_steps": 0, "eval_bleu_examples": 0, "final_eval_split": "",
 }
-# Table 3's cpu scale shrunk to the same size, for the sweeps (and a train.py job of the same row).
-SWEEP_OVERRIDES = ["model.d_model=16", "model.d_ff=32", "model.d_k=4", "model.d_v=4",
+# Table 3's cpu scale shrunk to the same size (one layer a side), for the sweeps (and a train.py job of the
+# same row).
+SWEEP_OVERRIDES = ["model.d_model=16", "model.d_ff=32", "model.d_k=4", "model.d_v=4", "model.num_heads=2",
+                   "model.num_encoder_layers=1", "model.num_decoder_layers=1",
                    "data.synthetic_train_size=300", "data.synthetic_dev_size=12", "data.vocab_size=120",
                    "data.tokens_per_batch=512", "data.length_buckets=(64,)", "train.warmup_steps=5",
                    "peak_tflops_per_device=1.0"]
@@ -159,7 +162,6 @@ def test_sweep_array_equals_local_and_resumes_a_cancelled_row(slurm, tmp_path):
     rows = (100, "--rows=D-drop0.0")  # num_steps (~3 s), and the rows (with base)
     array, local = tmp_path / "array", tmp_path / "local"
     job = _submitted_job(_sweep(array, *rows, "--launcher=slurm", "--submit", env=slurm.env))
-    local_run = _sweep(local, *rows, "--launcher=local", background=True)  # the reference, meanwhile
     # Task 1 (D-drop0.0) is cancelled once its first checkpoint is saved; its run is held meanwhile
     # (SIGSTOP), so the cancel lands mid-row however fast it trains.
     first_checkpoint = array / "D-drop0.0" / "checkpoints" / "10"
@@ -170,6 +172,8 @@ def test_sweep_array_equals_local_and_resumes_a_cancelled_row(slurm, tmp_path):
     os.kill(run, signal.SIGSTOP)
     assert _run(["scancel", f"{job}_1"], slurm.env).returncode == 0
     os.kill(run, signal.SIGCONT)
+    # The reference, meanwhile: started now, it finds both rows' training programs compiled.
+    local_run = _sweep(local, *rows, "--launcher=local", background=True)
     tasks = {t["ArrayTaskId"]: t for t in _wait_for(slurm, job)}
     assert tasks["1"]["JobState"] == "CANCELLED" and tasks["0"]["JobState"] == "COMPLETED"
     assert (array / "base" / "result.json").exists() and not (array / "D-drop0.0" / "result.json").exists()
@@ -187,10 +191,10 @@ def test_sweep_array_equals_local_and_resumes_a_cancelled_row(slurm, tmp_path):
 def test_srun_two_processes_equal_two_devices(slurm, tmp_path):
     flags = [f"--config.{k}={v}" for k, v in TINY_FLAGS.items()]
     job_dir, reference = tmp_path / "job", tmp_path / "reference"
-    job = _train_job(slurm, job_dir, flags, "--ntasks=2")
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
     single = _run([sys.executable, "train.py", f"--workdir={reference}", *flags], env)
     assert single.returncode == 0, single.stderr[-2000:]
+    job = _train_job(slurm, job_dir, flags, "--ntasks=2")
     (task,) = _wait_for(slurm, job)
     log = (job_dir / f"slurm-{job}.out").read_text()
     assert task["JobState"] == "COMPLETED" and "2 devices, 2 processes" in log, log[-3000:]
@@ -218,27 +222,33 @@ def _resumed_from(log) -> list[int]:
     return [int(s) for s in re.findall(r"Resuming from step (\d+)", log.read_text())]
 
 
-def _hold_until_warned(runs: dict, timeout: float = 600) -> None:
+def _hold_until_warned(runs: dict, when_held: Callable[[], object], timeout: float = 600) -> None:
     """Pauses each run (SIGSTOP) once it has saved a checkpoint, until its job's log shows Slurm's time-limit
-    warning, then lets it go on (SIGCONT). ``runs``: {workdir: the job's log}.
+    warning, then lets it go on (SIGCONT). ``runs``: {workdir: the job's log}. Calls ``when_held`` once,
+    when every run is held or warned.
 
     A paused run is mid-run when the warning comes, however fast it trains, and spends no CPU while Slurm's
     30-s check comes round; the SIGTERM the warning sends waits for it. A run warned before its first
     checkpoint is left alone.
     """
-    held, deadline = {}, time.time() + timeout
-    while runs and time.time() < deadline:
-        for workdir, log in list(runs.items()):
+    held, warned, deadline = {}, set(), time.time() + timeout
+    while len(warned) < len(runs) and time.time() < deadline:
+        for workdir, log in runs.items():
+            if workdir in warned:
+                continue
             if log.exists() and "time limit in sight" in log.read_text():
                 with contextlib.suppress(KeyError, ProcessLookupError):
                     os.kill(held.pop(workdir), signal.SIGCONT)
-                del runs[workdir]
+                warned.add(workdir)
             elif workdir not in held and any(n.isdigit() for n in _listdir(workdir / "checkpoints")):
                 if pid := _run_pid(workdir):
                     os.kill(pid, signal.SIGSTOP)
                     held[workdir] = pid
+        if when_held and len(held) + len(warned) == len(runs):
+            when_held()
+            when_held = None
         time.sleep(0.05)
-    assert not runs, f"no time-limit warning after {timeout} s in {list(runs.values())}"
+    assert len(warned) == len(runs), f"no time-limit warning after {timeout} s in {list(runs.values())}"
 
 
 def _listdir(path) -> list[str]:
@@ -247,7 +257,7 @@ def _listdir(path) -> list[str]:
 
 def test_jobs_requeued_at_their_time_limit_equal_an_uninterrupted_run(slurm, tmp_path):
     """A train.py job and a sweep's array task of the same row, each with a 1-minute limit, side by side;
-    the local launcher runs the row uninterrupted meanwhile.
+    the local launcher runs the row uninterrupted meanwhile, from when both runs are held.
 
     With the warning 35 s before the limit, Slurm sends it at its first 30-s check 25 s or more into an
     attempt: 30 s into the first (the cluster started just now). Each run is held from its first
@@ -262,9 +272,12 @@ def test_jobs_requeued_at_their_time_limit_equal_an_uninterrupted_run(slurm, tmp
                                "--", *flags], slurm.env))
     sweep_job = _submitted_job(_sweep(array, num_steps, "--rows=base", "--launcher=slurm", "--submit",
                                       "--slurm_option=--time=1", "--slurm_signal_seconds=35", env=slurm.env))
-    local_run = _sweep(local, num_steps, "--rows=base", "--launcher=local", background=True)
+    local_runs = []  # the reference, started once both runs are held: it finds their programs compiled
     _hold_until_warned({job_dir: job_dir / f"slurm-{job}.out",
-                        array / "base": array / f"slurm-{sweep_job}_0.out"})
+                        array / "base": array / f"slurm-{sweep_job}_0.out"},
+                       lambda: local_runs.append(_sweep(local, num_steps, "--rows=base", "--launcher=local",
+                                                        background=True)))
+    (local_run,) = local_runs
     assert local_run.wait(timeout=600) == 0, local_run.stdout.read()[-2000:]
 
     requeues = _requeues(slurm, job, job_dir / f"slurm-{job}.out")
