@@ -13,11 +13,16 @@ workers inherit it) and removes it when it ends. It holds:
   many tests build the same ones (single eager operations stay out). A ``JAX_COMPILATION_CACHE_DIR`` set by
   the user wins.
 - ``trained/``: the one trained tiny workdir (``tiny.TRAINED``) of the ``trained_run`` fixture, built once
-  per run by whichever process asks first, read by every test that only reads a trained run.
+  per run and read by every test that only reads a trained run. Where the collected tests use it, a
+  background process starts building it right after collection, so that no test process waits idle for it
+  later; a test that comes first waits for it (``tiny.trained_run``'s lock), or builds it itself if that
+  process failed.
 """
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"  # before jax is imported, as are the two below
@@ -50,6 +55,28 @@ def trained_run():
     assert tiny.listing(path) == before, f"a test changed the shared workdir {path}; copy it first"
 
 
+_builder: subprocess.Popen | None = None  # the background build of the shared trained workdir
+
+
+def pytest_collection_modifyitems(config, items):
+    """Starts building the shared trained workdir in the background, in one process per test run (the
+    only one, or xdist's first worker), if a collected test uses it."""
+    global _builder
+    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0" or not any(
+            "trained_run" in item.fixturenames for item in items):
+        return
+    tests = os.path.dirname(os.path.abspath(__file__))
+    run_dir = os.environ[RUN_DIR_VARIABLE]
+    with open(os.path.join(run_dir, "trained_build.log"), "w") as log:
+        _builder = subprocess.Popen(
+            [sys.executable, "-c", f"import sys; sys.path[:0] = {[tests, os.path.dirname(tests)]!r}; "
+             f"import tiny; tiny.trained_run({run_dir!r})"],
+            env=dict(os.environ, JAX_NUMPY_RANK_PROMOTION="raise"), stdout=log, stderr=subprocess.STDOUT)
+
+
 def pytest_unconfigure(config):
+    if _builder is not None and _builder.poll() is None:  # the run ended before it finished
+        _builder.terminate()
+        _builder.wait()
     if _RUN_DIR and not hasattr(config, "workerinput"):
         shutil.rmtree(_RUN_DIR, ignore_errors=True)
