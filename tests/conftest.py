@@ -59,9 +59,11 @@ _builder: subprocess.Popen | None = None  # the background build of the shared t
 
 
 def pytest_collection_modifyitems(config, items):
-    """Starts building the shared trained workdir in the background, in one process per test run (the
-    only one, or xdist's first worker), if a collected test uses it."""
+    """Runs the tests marked slow first, so that the last tests the xdist workers take are short ones and
+    the workers end together. Starts building the shared trained workdir in the background, in one process
+    per test run (the only one, or xdist's first worker), if a collected test uses it."""
     global _builder
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: slow ones first
     if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0" or not any(
             "trained_run" in item.fixturenames for item in items):
         return
