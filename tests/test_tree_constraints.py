@@ -1,17 +1,19 @@
 """Constrained tree decoding (transformer_jax/evaluation/tree_constraints.py): every output is a tree
 over exactly the input words, for any model, with greedy and beam search."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tiny import random_params
 
 from transformer_jax.data import default_data_config, get_source, load_or_train_tokenizer
 from transformer_jax.data.trees import delinearize, is_bracket, linearize, parse_trees
 from transformer_jax.evaluation import decode, evalb, tree_constraints
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import EOS_ID, PAD_ID
-from transformer_jax.model.transformer import Transformer
 
 MAX_EXTRA_LEN = 40
 # Every decoded batch is ROWS sentences (repeated to fill) of SRC_LEN positions: one program per search.
@@ -27,12 +29,12 @@ def setup(tmp_path_factory):
     return tokenizer, get_source(cfg)
 
 
+@functools.cache
 def _model(vocab_size, seed=3):
+    """A random tiny model (drawn in NumPy: nothing compiled); one per seed, shared by the tests."""
     config = ModelConfig(vocab_size=vocab_size, d_model=16, d_ff=24, num_heads=2, num_encoder_layers=1,
-                         num_decoder_layers=2, max_len=160, dropout_rate=0.0)
-    ids = jnp.ones((1, 3), jnp.int32)
-    params = Transformer(config.replace(deterministic=True)).init(jax.random.key(seed), ids, ids)["params"]
-    return config, params
+                         num_decoder_layers=1, max_len=160, dropout_rate=0.0)
+    return config, random_params(config, seed)
 
 
 def _inputs(tokenizer, sentences, src_len=None):
@@ -123,21 +125,27 @@ def test_adversarial_inputs(setup, beam_size):
     assert (out == EOS_ID).any(axis=1).all()  # every row ended with EOS within its length limit
 
 
+def _jitted(constraint, *names):
+    """The automaton's functions ``names``, each compiled whole (not an operation at a time)."""
+    return [jax.jit(getattr(constraint, name)) for name in names]
+
+
 def _random_walk(constraint, inputs, limits, steps, seed):
     """Drives the automaton with random scores (no model): the token chosen at each step is the
     best allowed one under uniform noise."""
     rng = np.random.default_rng(seed)
-    state = constraint.init(jnp.asarray(inputs), jnp.asarray(limits))
+    init, allowed_at, advance = _jitted(constraint, "init", "allowed", "advance")
+    state = init(jnp.asarray(inputs), jnp.asarray(limits))
     tokens, done = [], np.zeros(len(inputs), bool)
     for t in range(steps):
-        allowed = np.asarray(constraint.allowed(state, jnp.int32(t)))
+        allowed = np.asarray(allowed_at(state, jnp.int32(t)))
         assert allowed.any(axis=1).all()
         scores = np.where(allowed, rng.random(allowed.shape), -1.0)
         # Favour EOS and closers a little less than opens, so deep trees show up too.
         token = np.where(done, PAD_ID, scores.argmax(axis=1)).astype(np.int32)
         tokens.append(token)
         done |= token == EOS_ID
-        state = constraint.advance(state, jnp.asarray(token))
+        state = advance(state, jnp.asarray(token))
         if done.all():
             break
     return np.stack(tokens, axis=1), np.asarray(state.depth)
@@ -202,15 +210,16 @@ def test_the_copy_scores_the_probability_of_every_piece(setup):
     """With uniform logits the copy's score is log(pieces / vocab); brackets keep log(1 / vocab)."""
     tokenizer, _ = setup
     constraint = tree_constraints.TreeConstraint.from_tokenizer(tokenizer)
+    init, advance, scores_at, allowed_at = _jitted(constraint, "init", "advance", "scores", "allowed")
     inputs = _inputs(tokenizer, ["the dog"])
-    state = constraint.init(jnp.asarray(inputs), jnp.asarray([50], jnp.int32))
+    state = init(jnp.asarray(inputs), jnp.asarray([50], jnp.int32))
     (open_s,) = [i for i, t in tokenizer.bracket_ids.items() if t == "(S"]
-    state = constraint.advance(state, jnp.asarray([open_s], jnp.int32))  # inside (S: copy or open
+    state = advance(state, jnp.asarray([open_s], jnp.int32))  # inside (S: copy or open
     vocab = tokenizer.vocab_size
-    scores = np.asarray(constraint.scores(state, jnp.int32(1), jnp.zeros((1, vocab))))[0]
+    scores = np.asarray(scores_at(state, jnp.int32(1), jnp.zeros((1, vocab))))[0]
     pieces = vocab - len(tokenizer.bracket_ids) - 3  # all but brackets, PAD, EOS and BOS
     np.testing.assert_allclose(scores[inputs[0, 0]], np.log(pieces / vocab), atol=1e-5)
     np.testing.assert_allclose(scores[open_s], np.log(1 / vocab), atol=1e-5)
-    allowed = np.asarray(constraint.allowed(state, jnp.int32(1)))[0]
+    allowed = np.asarray(allowed_at(state, jnp.int32(1)))[0]
     assert ((scores > -1e6) == allowed).all()
     assert allowed.sum() == len(tokenizer.bracket_ids) // 2 + 1  # every opening bracket and the copy
