@@ -6,11 +6,9 @@ import os
 import subprocess
 import sys
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from tiny import config_with
+from tiny import config_with, random_params
 
 from transformer_jax import run_config
 from transformer_jax.data import (
@@ -23,19 +21,23 @@ from transformer_jax.data import (
 from transformer_jax.evaluation import decode, paper, parsing, translation, tree_constraints
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import PAD_ID
-from transformer_jax.model.transformer import Transformer
 from transformer_jax.training import loop
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _tiny_model(vocab_size=37, **overrides):
-    fields = dict(vocab_size=vocab_size, d_model=16, d_ff=24, num_heads=2, num_encoder_layers=1,
-                  num_decoder_layers=1, max_len=400, dropout_rate=0.0)
-    config = ModelConfig(**{**fields, **overrides})
-    ids = jnp.ones((1, 3), jnp.int32)
-    params = Transformer(config.replace(deterministic=True)).init(jax.random.key(3), ids, ids)["params"]
-    return config, params
+@pytest.fixture(scope="module")
+def treebank(tmp_path_factory):
+    """(data config, its tokenizer, model config, params): the synthetic treebank with the words as leaves,
+    and the one random tiny model over its vocabulary that every decoding test here uses (its max_len
+    holds the paper's input + 300 for a 64-token source)."""
+    data = default_data_config(source="synthetic_trees", synthetic_train_size=300, synthetic_dev_size=5,
+                               synthetic_test_size=7, vocab_size=150, tree_leaves="words")
+    tokenizer = load_or_train_tokenizer(data, str(tmp_path_factory.mktemp("tokenizer")))
+    config = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=16, d_ff=24, num_heads=2,
+                         num_encoder_layers=1, num_decoder_layers=1,
+                         max_len=64 + paper.PARSING_MAX_EXTRA_LEN, dropout_rate=0.0)
+    return data, tokenizer, config, random_params(config, seed=3)
 
 
 class _IdsTokenizer:
@@ -63,20 +65,22 @@ def _batches(sources, padded_len, batch_size):
 
 
 @pytest.mark.parametrize("beam_size", [1, 3])
-def test_decode_split_matches_one_sentence_at_a_time(beam_size):
-    """Re-batching by source length (batches of 2 with a filler row) and restoring the split order give
-    what decoding each sentence alone gives."""
-    config, params = _tiny_model()
+def test_decode_split_matches_one_sentence_at_a_time(treebank, beam_size):
+    """Re-batching by source length (two padded lengths) and restoring the split order give what decoding
+    each sentence alone gives."""
+    _, _, config, params = treebank
     rng = np.random.default_rng(0)
-    sources = [list(rng.integers(4, 37, size=n)) for n in (3, 20, 5, 17, 9, 3, 11)]
+    sources = [list(rng.integers(4, 37, size=n)) for n in (3, 14, 5, 11, 9, 4, 12)]
     batches = _batches(sources, padded_len=40, batch_size=3)
-    budget = 2 * beam_size * (24 + 13)  # 2 sentences at the longest padded length, more at shorter ones
+    budget = beam_size * 64  # rows of the cache (padded length + 13): 3 at length 8, 2 at length 16
     got = parsing.decode_split(params, config, _IdsTokenizer(), batches, beam_size=beam_size,
                                alpha=0.3, max_extra_len=13, tokens_per_batch=budget)
+    _, sizes = translation.decode_buckets(15, translation.Settings(beam_size, 0.3, 13), budget)
+    assert sizes == [3, 2]  # batches (3 x 8), (2 x 16), (2 x 16)
     want = []
-    for ids in sources:  # each alone, in one padded width (one compiled program; limits use ids)
-        inputs = np.full((1, 24), PAD_ID, np.int32)
-        inputs[0, : len(ids) + 1] = [*ids, 1]
+    for ids in sources:  # each alone (in both rows of the split's (2 x 16) program; limits use ids)
+        inputs = np.full((2, 16), PAD_ID, np.int32)
+        inputs[:, : len(ids) + 1] = [*ids, 1]
         if beam_size == 1:
             tokens = decode.greedy_search(params, config, inputs, max_extra_len=13)
         else:
@@ -87,37 +91,34 @@ def test_decode_split_matches_one_sentence_at_a_time(beam_size):
     assert all(len(w.split()) <= len(s) + 1 + 13 for w, s in zip(want, sources, strict=True))
 
 
-def test_beam21_with_input_plus_300_fits_the_cache_budget():
+def test_beam21_with_input_plus_300_fits_the_cache_budget(treebank):
     """The paper's parsing decoding (beam 21, input + 300) on sample-length sentences: every batch's
     cache stays within the budget, and outputs respect the length limit."""
-    config, params = _tiny_model(max_len=64 + paper.PARSING_MAX_EXTRA_LEN)
+    _, _, config, params = treebank
     rng = np.random.default_rng(1)
-    lengths = (61, 47, 30)  # WSJ sample sentences: 24 words on average, 54 at most in test
+    lengths = (61, 47, 40, 54)  # WSJ sample sentences: 24 words on average, 54 at most in test
     sources = [list(rng.integers(4, 37, size=n)) for n in lengths]
     batches = _batches(sources, padded_len=64, batch_size=3)
     settings = translation.Settings(paper.PARSING_BEAM_SIZE, paper.PARSING_LENGTH_PENALTY_ALPHA,
                                     paper.PARSING_MAX_EXTRA_LEN)
     budget = 2 * 21 * (64 + 300)
     buckets, sizes = translation.decode_buckets(62, settings, budget, config.max_len - 300)
-    assert buckets == [32, 64] and sizes == [2, 2]  # the budget forces batches ...
+    assert buckets == [32, 64] and sizes == [2, 2]  # the budget forces batches: two of two sentences
     assert all(21 * rows * (length + 300) <= budget for length, rows in zip(buckets, sizes, strict=True))
     outputs = parsing.decode_split(
         params, config, _IdsTokenizer(), batches, beam_size=paper.PARSING_BEAM_SIZE,
         alpha=paper.PARSING_LENGTH_PENALTY_ALPHA, max_extra_len=paper.PARSING_MAX_EXTRA_LEN,
         tokens_per_batch=budget)
-    assert len(outputs) == 3
+    assert len(outputs) == 4
     for output, n in zip(outputs, lengths, strict=True):
         assert len(output.split()) <= n + 1 + paper.PARSING_MAX_EXTRA_LEN
 
 
 @pytest.mark.parametrize("beam_size", [1, 3])
-def test_constrained_outputs_do_not_depend_on_the_budget(tmp_path, beam_size):
+def test_constrained_outputs_do_not_depend_on_the_budget(treebank, beam_size):
     """With the tree constraint (the words as leaves), outputs under two budgets (one batch; batches of
     one or two sentences) equal each other and the constrained search over one batch of every sentence."""
-    data = default_data_config(source="synthetic_trees", synthetic_train_size=300, synthetic_dev_size=5,
-                               synthetic_test_size=7, vocab_size=150, tree_leaves="words")
-    tokenizer = load_or_train_tokenizer(data, str(tmp_path))
-    config, params = _tiny_model(vocab_size=tokenizer.vocab_size, max_len=160)
+    data, tokenizer, config, params = treebank
     words = [t.words() for t in get_source(data).trees("test")]
     sources = [tokenizer.encode(" ".join(w)) for w in words]
     batches = _batches(sources, padded_len=max(map(len, sources)) + 1, batch_size=4)
@@ -185,7 +186,7 @@ def test_table4_comparison_wsj_setup_is_comparable():
 TINY_PARSING = {
     "data.source": "synthetic_trees", "data.synthetic_train_size": 300, "data.synthetic_dev_size": 6,
     "data.synthetic_test_size": 9, "data.vocab_size": 120, "data.max_len": 128,
-    "data.tokens_per_batch": 1024, "data.length_buckets": (64, 128),  # two compiled shapes
+    "data.tokens_per_batch": 1024, "data.length_buckets": (128,),  # one compiled training program
     "model.d_model": 16, "model.d_ff": 24, "model.num_heads": 2, "model.num_encoder_layers": 1,
     "model.num_decoder_layers": 1, "model.max_len": 128 + 40,
     "train.num_steps": 4, "train.warmup_steps": 2, "log_every_steps": 2, "eval_every_steps": 2,
