@@ -72,7 +72,7 @@ def test_decode_split_matches_one_sentence_at_a_time(treebank, beam_size):
     rng = np.random.default_rng(0)
     sources = [list(rng.integers(4, 37, size=n)) for n in (3, 14, 5, 11, 9, 4, 12)]
     batches = _batches(sources, padded_len=40, batch_size=3)
-    budget = beam_size * 64  # rows of the cache (padded length + 13): 3 at length 8, 2 at length 16
+    budget = beam_size * 64  # beams x sentences x (padded length + 13): 3 sentences at length 8, 2 at 16
     got = parsing.decode_split(params, config, _IdsTokenizer(), batches, beam_size=beam_size,
                                alpha=0.3, max_extra_len=13, tokens_per_batch=budget)
     _, sizes = translation.decode_buckets(15, translation.Settings(beam_size, 0.3, 13), budget)
