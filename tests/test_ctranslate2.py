@@ -3,8 +3,10 @@ JAX decoder's greedy outputs token for token, and the same per-token log probabi
 
 Tiny models (post-norm, pre-norm, learned positions) are trained here for a few seconds on reversing a
 word sequence, so that their outputs are confident and long; one untrained model with large random
-weights rarely emits EOS and checks the length limits. A wrong export (one transposed kernel) must fail
-the same comparison. The export and translate commands run end to end on a tiny workdir.
+weights rarely emits EOS and checks the length limits. Sources have at most 8 tokens (one padded width)
+and every search allows 3 more, so each model decodes with one compiled program. A wrong export (one
+transposed kernel) must fail the same comparison. The export and translate commands run end to end on a
+tiny workdir.
 """
 
 import dataclasses
@@ -37,7 +39,18 @@ except ImportError:
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCORE_TOLERANCE = 1e-4  # per-token log probability, float32 in both engines
-NUM_WORDS, MAX_WORDS = 40, 11
+NUM_WORDS, MAX_WORDS = 40, 7  # MAX_WORDS + EOS: the one padded source width
+MAX_EXTRA_LEN = 3
+# The witnessed models: post-norm with 2 + 2 layers (an export that mixes up layers changes the outputs);
+# pre-norm and learned positions, which are not per layer, with 1 + 1. The learned-position model has
+# d_k = d_v = 16 != d_model / h (CTranslate2's head_dim), and its untrained twin checks the length limits
+# (one compiled search for both).
+VARIANTS = {
+    "post_norm": {},
+    "pre_norm": {"norm_style": "pre", "num_encoder_layers": 1, "num_decoder_layers": 1},
+    "learned_positions": {"position_encoding": "learned", "d_k": 16, "d_v": 16, "num_encoder_layers": 1,
+                          "num_decoder_layers": 1},
+}
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +64,9 @@ def pieces():
 
 
 def _model_config(vocab_size: int, **overrides) -> ModelConfig:
-    return ModelConfig(vocab_size=vocab_size, d_model=32, d_ff=64, num_heads=4, num_encoder_layers=2,
-                       num_decoder_layers=2, max_len=64, dropout_rate=0.0, **overrides)
+    fields = dict(d_model=32, d_ff=64, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, max_len=64,
+                  dropout_rate=0.0)
+    return ModelConfig(vocab_size=vocab_size, **{**fields, **overrides})
 
 
 def _reversal_batch(rng, n: int, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -68,10 +82,11 @@ def _reversal_batch(rng, n: int, vocab_size: int) -> tuple[np.ndarray, np.ndarra
 
 @functools.cache
 def _train(cfg: ModelConfig, steps: int = 300):
-    """Parameters of ``cfg`` after ``steps`` Adam steps on word reversal (loss about 0.3-0.8); cached, so
-    the tests of one model train it once."""
+    """Parameters of ``cfg`` after ``steps`` Adam steps on word reversal (loss about 0.2-0.9) from
+    ``random_params`` (drawn by NumPy: no initializer to compile); cached, so the tests of one model train
+    it once."""
     model = model_lib.Transformer(cfg.replace(deterministic=True))
-    params = model_lib.init_params(cfg, rng=jax.random.key(1))
+    params = random_params(cfg, seed=1)
     optimizer = optax.adam(3e-3)
 
     @jax.jit
@@ -92,9 +107,9 @@ def _train(cfg: ModelConfig, steps: int = 300):
     return jax.tree.map(np.asarray, params)
 
 
-def _padded(rows: list[np.ndarray]) -> np.ndarray:
-    """int32[n, longest]: ``rows`` right-padded with PAD."""
-    out = np.full((len(rows), max(len(r) for r in rows)), PAD_ID, np.int32)
+def _padded(rows: list[np.ndarray], width: int) -> np.ndarray:
+    """int32[n, width]: ``rows`` right-padded with PAD."""
+    out = np.full((len(rows), width), PAD_ID, np.int32)
     for i, row in enumerate(rows):
         out[i, :len(row)] = row
     return out
@@ -103,15 +118,17 @@ def _padded(rows: list[np.ndarray]) -> np.ndarray:
 def _teacher_forced_log_probs(params, cfg: ModelConfig, sources: list[np.ndarray],
                               outputs: list[np.ndarray]) -> list[np.ndarray]:
     """float[len(output)] per sentence: our model's log P of each token of its output (up to and including
-    EOS, no PAD), all sentences in one padded batch (the masks keep the padding out)."""
+    EOS, no PAD), all sentences in one batch padded to the widths of every test (the masks keep the
+    padding out)."""
     outputs = [output[output != PAD_ID] for output in outputs]
+    width = MAX_WORDS + 1
     logits = model_lib.Transformer(cfg.replace(deterministic=True)).apply(
-        {"params": params}, _padded(sources), _padded(outputs))  # [n, T, V]
+        {"params": params}, _padded(sources, width), _padded(outputs, width + MAX_EXTRA_LEN))  # [n, T, V]
     log_probs = np.asarray(jax.nn.log_softmax(logits, axis=-1))
     return [lp[np.arange(len(output)), output] for lp, output in zip(log_probs, outputs, strict=True)]
 
 
-def _witness(params, cfg: ModelConfig, pieces: list[str], out_dir: str, *, max_extra_len: int,
+def _witness(params, cfg: ModelConfig, pieces: list[str], out_dir: str, *,
              sentences: int = 64) -> tuple[int, float, list[np.ndarray]]:
     """Exports ``params`` and decodes the same sources greedily with both engines.
 
@@ -123,7 +140,7 @@ def _witness(params, cfg: ModelConfig, pieces: list[str], out_dir: str, *, max_e
     engine = ctranslate2_engine.Engine(out_dir, threads=1)
     sources, _ = _reversal_batch(np.random.default_rng(9), sentences, cfg.vocab_size)
     ids = [row[:list(row).index(EOS_ID) + 1] for row in sources]
-    settings = translation.Settings(beam_size=1, max_extra_len=max_extra_len)
+    settings = translation.Settings(beam_size=1, max_extra_len=MAX_EXTRA_LEN)
     ours = translation.decode_ids(params, cfg, ids, settings)
     theirs = engine.decode_ids(ids, settings)
     differing = sum(not np.array_equal(a, b) for a, b in zip(ours, theirs, strict=True))
@@ -135,12 +152,10 @@ def _witness(params, cfg: ModelConfig, pieces: list[str], out_dir: str, *, max_e
     return differing, largest, ours
 
 
-@pytest.mark.parametrize("overrides", [{}, {"norm_style": "pre"}, {"position_encoding": "learned"}],
-                         ids=["post_norm", "pre_norm", "learned_positions"])
-def test_trained_model_greedy_outputs_and_scores_equal_ours(overrides, pieces, tmp_path):
-    cfg = _model_config(len(pieces), **overrides)
-    differing, largest, _ = _witness(_train(cfg), cfg, pieces, str(tmp_path / "model"),
-                                     max_extra_len=5)
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_trained_model_greedy_outputs_and_scores_equal_ours(variant, pieces, tmp_path):
+    cfg = _model_config(len(pieces), **VARIANTS[variant])
+    differing, largest, _ = _witness(_train(cfg), cfg, pieces, str(tmp_path / "model"))
     assert differing == 0
     assert largest <= SCORE_TOLERANCE
 
@@ -148,9 +163,9 @@ def test_trained_model_greedy_outputs_and_scores_equal_ours(overrides, pieces, t
 def test_outputs_that_reach_their_length_limit_are_equal(pieces, tmp_path):
     """Wide random weights: outputs run to ``source length + max_extra_len`` without EOS, cut per
     sentence as ours are, although CTranslate2 takes one length limit per call."""
-    cfg = _model_config(len(pieces), d_k=16, d_v=16)
+    cfg = _model_config(len(pieces), **VARIANTS["learned_positions"])
     differing, largest, outputs = _witness(random_params(cfg, seed=5, unit_embedding=True), cfg, pieces,
-                                           str(tmp_path / "model"), max_extra_len=3)
+                                           str(tmp_path / "model"))
     assert differing == 0
     assert largest <= SCORE_TOLERANCE
     assert sum(EOS_ID not in out for out in outputs) >= 16  # the limits were reached often
@@ -167,8 +182,7 @@ def test_a_transposed_kernel_fails_the_witness(pieces, tmp_path, monkeypatch):
         spec.linear[0].weight = np.ascontiguousarray(spec.linear[0].weight.T)
 
     monkeypatch.setattr(ctranslate2_engine, "_set_cross_attention", transposed_query)
-    differing, largest, _ = _witness(_train(cfg), cfg, pieces, str(tmp_path / "model"),
-                                     max_extra_len=5)
+    differing, largest, _ = _witness(_train(cfg), cfg, pieces, str(tmp_path / "model"))
     assert differing > 0
     assert largest > 100 * SCORE_TOLERANCE
 
@@ -213,7 +227,7 @@ def test_bfloat16_export_halves_the_weights_without_torch(pieces, tmp_path):
         sizes[name] = os.path.getsize(out_dir / "model.bin")
         engine = ctranslate2_engine.Engine(str(out_dir), threads=1)
         assert engine.compute_type == "float32"
-        outputs[name] = engine.decode_ids(ids, translation.Settings(beam_size=1, max_extra_len=5))
+        outputs[name] = engine.decode_ids(ids, translation.Settings(beam_size=1, max_extra_len=MAX_EXTRA_LEN))
     for ours, theirs in zip(outputs["bfloat16"], outputs["rounded"], strict=True):
         np.testing.assert_array_equal(ours, theirs)
     assert 0.45 < sizes["bfloat16"] / sizes["rounded"] < 0.55
@@ -240,6 +254,8 @@ def test_matched_length_penalty():
 
 # The end-to-end tests' tiny model, untrained, its final report the mean of checkpoints 1 and 2.
 TINY = {**TRAIN, "final_average_last": 2}
+# What they translate greedily (one search shape, compiled once for both JAX references).
+SENTENCES = "the red house\n\nmy dog sleeps in the garden\na cat\n"
 
 
 @pytest.fixture(scope="module")
@@ -257,9 +273,10 @@ def _command(module_args, stdin=""):
 
 
 def test_export_and_translate_commands(workdir, tmp_path):
-    sentences = "the red house\n\nmy dog sleeps in the garden\n"
-    jax_run = _command(["transformer_jax.translate", f"--workdir={workdir}", "--beam_size=1"], sentences)
-    assert jax_run.returncode == 0, jax_run.stderr
+    (tmp_path / "in.txt").write_text(SENTENCES)
+    # The reference: what translate --beam_size=1 (its JAX engine) writes, decoded in this process.
+    workdir_scoring.translate_workdir(workdir, input_path=str(tmp_path / "in.txt"),
+                                      output_path=str(tmp_path / "jax.txt"), beam_size=1)
 
     export = _command(["transformer_jax.export", f"--workdir={workdir}"])
     assert export.returncode == 0, export.stderr
@@ -273,15 +290,15 @@ def test_export_and_translate_commands(workdir, tmp_path):
         assert ours.read() == copied.read()
 
     ct2_run = _command(["transformer_jax.translate", f"--workdir={workdir}", "--beam_size=1",
-                        "--engine=ctranslate2", "--threads=1"], sentences)
+                        "--engine=ctranslate2", "--threads=1"], SENTENCES)
     assert ct2_run.returncode == 0, ct2_run.stderr
-    assert ct2_run.stdout == jax_run.stdout
+    assert ct2_run.stdout == (tmp_path / "jax.txt").read_text()
     assert any(ct2_run.stdout.splitlines())  # not only empty outputs
     assert ct2_run.stdout.splitlines()[1] == ""  # the empty line stays empty
 
     # A step the export does not hold is refused with the command that exports it.
     refused = _command(["transformer_jax.translate", f"--workdir={workdir}", "--engine=ctranslate2",
-                        "--step=1"], sentences)
+                        "--step=1"], SENTENCES)
     assert refused.returncode == 1
     assert refused.stderr.startswith(f"error: --step=1, but {out_dir} holds step 2;")
     assert "python -m transformer_jax.export" in refused.stderr
@@ -321,7 +338,7 @@ def test_throughput_benchmark_has_a_ctranslate2_column(workdir, tmp_path, capsys
     """Greedy float32: CTranslate2's outputs are JAX's, so their target token counts are equal."""
     from transformer_jax.benchmarks import decoding
 
-    (tmp_path / "in.txt").write_text("the red house\nmy dog sleeps in the garden\n\na cat\n")
+    (tmp_path / "in.txt").write_text(SENTENCES)
     records = decoding.bench_throughput(str(tmp_path / "in.txt"), workdir, num_sentences=None, beam_size=1,
                                         repeats=1, engines=("jax", "ctranslate2"),
                                         quantizations=("float32", "int8"), threads=1)
