@@ -19,6 +19,8 @@ from transformer_jax.runtime.errors import ConfigError, MissingFileError
 
 REPO = Path(__file__).resolve().parents[1]
 MICRO = dict(vocab_size=37, d_model=12, d_ff=20, num_heads=3, num_encoder_layers=1, num_decoder_layers=1)
+# The decoding runs' preset: one greedy search shape, compiled once for the records and the profile.
+MICRO_DECODE = presets.DecodePreset(MICRO, batch=3, src_len=5, new_tokens=4)
 
 
 @pytest.mark.parametrize("name", list(presets.MODELS))
@@ -105,8 +107,7 @@ def test_train_step_and_decoding_records_from_known_times(monkeypatch):
     assert record["measured"] == "train_step_float32" and record["peak_best_gflops"] > 0
     assert (record["median_s"], record["best_s"], record["target_tokens_per_s"]) == (0.5, 0.25, 30.0)
     assert record["params"] > 0
-    preset = presets.DecodePreset(MICRO, batch=3, src_len=5, new_tokens=4)
-    (greedy,) = decoding.bench_decode("micro", preset, peak, kind="greedy", new_tokens=[4], repeats=3)
+    (greedy,) = decoding.bench_decode("micro", MICRO_DECODE, peak, kind="greedy", new_tokens=[4], repeats=3)
     assert greedy["measured"] == "decode_greedy_cached" and "mfu" in greedy
     assert (greedy["median_s"], greedy["best_s"], greedy["generated_tokens_per_s"]) == (0.5, 0.25, 24.0)
 
@@ -133,8 +134,7 @@ def test_profile_summary_counts_nested_ops_once():
 
 
 def test_profile_of_a_traced_decode(tmp_path):
-    preset = presets.DecodePreset(MICRO, batch=2, src_len=5, new_tokens=4)
-    record = profile.profile_decode("micro", preset, "greedy", beam_size=1, repeats=1,
+    record = profile.profile_decode("micro", MICRO_DECODE, "greedy", beam_size=1, repeats=1,
                                     trace_dir=str(tmp_path))
     ops = {r["op"]: r for r in record["ops"]}
     assert "while" in ops and ops["while"]["calls"] >= 1  # the decoding loop ran and was traced

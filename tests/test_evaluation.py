@@ -7,7 +7,7 @@ import re
 import jax
 import numpy as np
 import pytest
-from tiny import TRAIN, config_with, untrained_workdir
+from tiny import TRAIN, config_with, random_params, untrained_workdir
 
 from transformer_jax import data as data_lib
 from transformer_jax.checkpoints import restore
@@ -44,10 +44,10 @@ def _batches():
 
 def _reference_nll(params, cfg, batches):
     """Sum of -log p(target) over non-pad targets, from the model's logits and a NumPy log-softmax."""
-    model = model_lib.Transformer(cfg.replace(deterministic=True))
+    forward = jax.jit(model_lib.Transformer(cfg.replace(deterministic=True)).apply)  # not op by op
     total, count = 0.0, 0
     for b in batches:
-        logits = np.asarray(model.apply({"params": params}, b.inputs, b.targets), np.float64)
+        logits = np.asarray(forward({"params": params}, b.inputs, b.targets), np.float64)
         logp = logits - logits.max(-1, keepdims=True)
         logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
         nll = -np.take_along_axis(logp, b.targets[..., None], -1)[..., 0]
@@ -58,7 +58,7 @@ def _reference_nll(params, cfg, batches):
 
 def test_perplexity_is_the_exponent_of_the_mean_token_nll():
     cfg, batches = _model_config(), _batches()
-    params = model_lib.init_params(cfg, rng=jax.random.key(1))
+    params = random_params(cfg, seed=1)
     result = scoring.perplexity(params, cfg, batches)
     total, count = _reference_nll(params, cfg, batches)
     assert result["num_tokens"] == count == 3 * 5 - 3 + 5 * 9 - 3
@@ -77,7 +77,7 @@ class _DigitsTokenizer:
 
 def test_translate_is_greedy_search_of_the_real_rows_in_split_order():
     cfg, batches = _model_config(), _batches()
-    params = model_lib.init_params(cfg, rng=jax.random.key(2))
+    params = random_params(cfg, seed=2)
     got = scoring.translate(params, cfg, _DigitsTokenizer(), batches, beam_size=1, max_extra_len=4)
     assert len(got) == 8  # padding rows are not translated
     expected = {}

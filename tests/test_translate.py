@@ -7,16 +7,14 @@ import os
 import subprocess
 import sys
 
-import jax
 import numpy as np
 import pytest
-from tiny import TRAIN, config_with, untrained_workdir
+from tiny import TRAIN, config_with, random_params, untrained_workdir
 
 from transformer_jax import data as data_lib
 from transformer_jax.checkpoints import restore
 from transformer_jax.data import eval_batches
 from transformer_jax.evaluation import decode, scoring, translation, workdir_scoring
-from transformer_jax.model import transformer as model_lib
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import EOS_ID, PAD_ID
 from transformer_jax.runtime import disk
@@ -132,7 +130,7 @@ def test_rows_are_a_multiple_of_8_or_what_fits():
 
 def test_greedy_decode_ids_equals_greedy_search_of_one_batch_exactly():
     cfg, ids = _model_config(), _sentences(0, 37, 20)
-    params = model_lib.init_params(cfg, rng=jax.random.key(1))
+    params = random_params(cfg, seed=1)
     settings = translation.Settings(beam_size=1, max_extra_len=5)
     got = translation.decode_ids(params, cfg, ids, settings, tokens_per_batch=8 * 30)  # several batches
     assert len(_plan([len(s) for s in ids], 1, 5, 8 * 30)) >= 3
@@ -145,7 +143,7 @@ def test_greedy_decode_ids_equals_greedy_search_of_one_batch_exactly():
 
 def test_beam_decode_ids_gives_the_hypotheses_of_beam_search_of_one_batch():
     cfg, ids = _model_config(), _sentences(1, 23, 14)
-    params = model_lib.init_params(cfg, rng=jax.random.key(2))
+    params = random_params(cfg, seed=2)
     settings = translation.Settings(beam_size=3, alpha=0.6, max_extra_len=4)
     got = translation.decode_ids(params, cfg, ids, settings, tokens_per_batch=3 * 8 * 20)
     expected, _ = decode.beam_search(params, cfg, _one_batch(ids), beam_size=3, alpha=0.6, max_extra_len=4)
@@ -156,7 +154,7 @@ def test_beam_decode_ids_gives_the_hypotheses_of_beam_search_of_one_batch():
 def test_evaluation_path_is_decode_ids():
     """scoring.translate (evaluate.py, dev BLEU) gives the texts of decode_ids on the real rows."""
     cfg, ids = _model_config(), _sentences(2, 9, 10)
-    params = model_lib.init_params(cfg, rng=jax.random.key(3))
+    params = random_params(cfg, seed=3)
     inputs = _one_batch(ids + [np.asarray([EOS_ID])] * 2)  # two padding rows beyond num_real
     inputs[9:] = PAD_ID
     batch = data_lib.EvalBatch(inputs, inputs, [""] * 9, [""] * 9, np.arange(9)[::-1].copy(), 9)
@@ -192,7 +190,7 @@ class _CharTokenizer:
 
 def test_translate_texts_keeps_order_and_empty_lines():
     cfg = _model_config()
-    params = model_lib.init_params(cfg, rng=jax.random.key(4))
+    params = random_params(cfg, seed=4)
     texts = ["abc de", "", "x", "   ", "a much longer line", "abc de"]
     settings = translation.Settings(beam_size=1, max_extra_len=3)
     got = translation.translate_texts(params, cfg, _CharTokenizer(), texts, settings)
@@ -207,7 +205,7 @@ def test_translate_texts_keeps_order_and_empty_lines():
 
 def test_too_long_line_is_an_error_naming_it_unless_truncate():
     cfg = _model_config(max_len=12)  # room for 12 - 3 = 9 source tokens, EOS included
-    params = model_lib.init_params(cfg, rng=jax.random.key(5))
+    params = random_params(cfg, seed=5)
     settings = translation.Settings(beam_size=1, max_extra_len=3)
     texts = ["short", "", "exactly8", "ninechars"]  # 9 and 10 tokens with EOS
     with pytest.raises(DataError, match=r"in\.txt:4: 10 tokens .*more than the 9.*--truncate"):
@@ -249,10 +247,14 @@ def _error_line(result):
     return line
 
 
+# Lines and search of the commands that decode: one compiled search, which the later ones find in the
+# compilation cache.
+LINES = ["the first sentence", "", "a second one, longer than the first one", "third"]
+SEARCH = ["--beam_size=2", "--max_extra_len=4"]
+
+
 def test_translate_command_reads_stdin_and_writes_translations_in_order(workdir, tmp_path):
-    lines = ["the first sentence", "", "a second one, longer than the first one", "third"]
-    result = _run([f"--workdir={workdir}", "--beam_size=2", "--max_extra_len=4", "--stats"],
-                  "\n".join(lines) + "\n")
+    result = _run([f"--workdir={workdir}", *SEARCH, "--stats"], "\n".join(LINES) + "\n")
     assert result.returncode == 0, result.stderr
     out = result.stdout.split("\n")
     assert len(out) == 5 and out[-1] == "" and out[1] == ""  # one line per input line
@@ -260,12 +262,12 @@ def test_translate_command_reads_stdin_and_writes_translations_in_order(workdir,
     assert stats["num_sentences"] == 4 and stats["sentences_per_second"] > 0
     restored = restore.restore_workdir(workdir)
     expected = translation.translate_texts(restored.params, restored.model_config, restored.tokenizer,
-                                           lines, translation.Settings(2, restored.run.eval.final_alpha, 4))
+                                           LINES, translation.Settings(2, restored.run.eval.final_alpha, 4))
     assert out[:4] == expected
     # --input / --output give the same text.
-    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
-    result = _run([f"--workdir={workdir}", "--beam_size=2", "--max_extra_len=4",
-                   f"--input={tmp_path / 'in.txt'}", f"--output={tmp_path / 'out.txt'}"])
+    (tmp_path / "in.txt").write_text("\n".join(LINES) + "\n")
+    result = _run([f"--workdir={workdir}", *SEARCH, f"--input={tmp_path / 'in.txt'}",
+                   f"--output={tmp_path / 'out.txt'}"])
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "out.txt").read_text().split("\n")[:4] == expected
 
@@ -366,8 +368,8 @@ def test_output_file_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
 
 def test_a_full_stdout_is_one_line(workdir):
     with open("/dev/full", "wb") as full:
-        result = _run_bytes([f"--workdir={workdir}", "--beam_size=1", "--noprogress"], b"a sentence\n",
-                            stdout=full)
+        result = _run_bytes([f"--workdir={workdir}", *SEARCH, "--noprogress"],
+                            ("\n".join(LINES) + "\n").encode(), stdout=full)
     line = _only_error_line(result)
     assert line.startswith("error: no space left writing to standard output (/dev/full)")
 
