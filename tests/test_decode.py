@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tiny import random_params
 
 from transformer_jax.evaluation import decode, kv_cache
 from transformer_jax.evaluation.decode import NEG_INF
@@ -18,6 +19,7 @@ from transformer_jax.model.transformer import Transformer
 VOCAB, BATCH, SRC_LEN = 23, 5, 7
 EXTRA = 3  # max_extra_len of every search on the tiny model (one output buffer, fewer compilations)
 SMALL_VOCAB, ENUM_LEN = 6, 3  # a model whose outputs can be enumerated: 85 sequences of <= 3 tokens
+MANY = 13 * BATCH  # sources of the compaction and grown-cache tests, compacted to 16 rows (_batch_sizes)
 
 
 def _sequence_lengths(tokens) -> np.ndarray:
@@ -26,8 +28,10 @@ def _sequence_lengths(tokens) -> np.ndarray:
 
 
 def _tiny(**overrides) -> ModelConfig:
+    """One layer each: the searches do not depend on the depth (test_decode_cache and test_model run the
+    cache through two decoder layers)."""
     fields = dict(vocab_size=VOCAB, d_model=15, d_ff=17, num_heads=3, d_k=5, d_v=7,
-                  num_encoder_layers=1, num_decoder_layers=2, max_len=24)
+                  num_encoder_layers=1, num_decoder_layers=1, max_len=24)
     fields.update(overrides)
     return ModelConfig(**fields)
 
@@ -72,7 +76,7 @@ def _assert_well_formed(tokens, limits):
 @pytest.fixture(scope="module")
 def tiny():
     cfg = _tiny()
-    return cfg, model_lib.init_params(cfg, rng=jax.random.key(0))
+    return cfg, random_params(cfg, 0)
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +84,9 @@ def small():
     """Vocabulary 6 (PAD, EOS, UNK, BOS, 4, 5) and every output sequence of <= 3 tokens with its
     log probability, float64[BATCH, 85], by the full forward pass."""
     cfg = _tiny(vocab_size=SMALL_VOCAB)
-    params = model_lib.init_params(cfg, rng=jax.random.key(0))
+    # The model's own init (its outputs end early often enough for the tests below), with the "rbg" PRNG,
+    # whose program compiles much faster than threefry's.
+    params = jax.jit(model_lib.init_params, static_argnums=0)(cfg, rng=jax.random.key(2, impl="rbg"))
     inputs = _sources(1, SMALL_VOCAB)
     words = range(2, SMALL_VOCAB)  # every token but PAD (never generated) and EOS
     candidates = [[EOS_ID, PAD_ID, PAD_ID]] + [[a, EOS_ID, PAD_ID] for a in words]
@@ -146,22 +152,27 @@ def test_beam_search_with_cache_equals_beam_search_without(tiny):
 
 def test_a_cache_grown_midway_gives_the_one_phase_outputs(tiny):
     """The first phase's cache (``first`` positions, then grown to max_len) changes no token or score:
-    greedy exactly, beam search the same hypotheses with scores to float tolerance."""
+    greedy exactly, beam search the same hypotheses with scores to float tolerance. The MANY sources all
+    have SRC_LEN tokens and EOS is banned, so every row runs to the same limit and none leaves the loop
+    early: the compaction test's programs, with the growth alone at work."""
     cfg, params = tiny
-    first = 4  # as in the compaction test below: grown midway through the longest outputs
-    inputs = _sources(6)
-    one_phase = decode.greedy_search(params, cfg, inputs, max_extra_len=EXTRA,
-                                     first_cache_len=SRC_LEN + EXTRA)
-    two_phase, steps = decode.greedy_search(params, cfg, inputs, max_extra_len=EXTRA, first_cache_len=first,
-                                            return_num_steps=True)
+    first = 4  # as in the compaction test below: grown midway through the outputs
+    inputs = jnp.asarray(np.random.default_rng(6).integers(4, VOCAB, size=(MANY, SRC_LEN)), jnp.int32)
+    search = dict(max_extra_len=EXTRA, min_len=20)
+    one_phase = decode.greedy_search(params, cfg, inputs, first_cache_len=SRC_LEN + EXTRA, compact=False,
+                                     **search)
+    two_phase, steps = decode.greedy_search(params, cfg, inputs, first_cache_len=first, return_num_steps=True,
+                                            **search)
     assert int(steps) > first  # the second phase ran
+    np.testing.assert_array_equal(_sequence_lengths(two_phase), SRC_LEN + EXTRA)  # every row to the end
     np.testing.assert_array_equal(two_phase, one_phase)
-    np.testing.assert_array_equal(two_phase, decode.greedy_search(params, cfg, inputs, max_extra_len=EXTRA,
-                                                                  use_cache=False))
-    beams_one = decode.beam_search(params, cfg, inputs, max_extra_len=EXTRA, return_all_beams=True,
-                                   first_cache_len=SRC_LEN + EXTRA)
-    beams_two = decode.beam_search(params, cfg, inputs, max_extra_len=EXTRA, return_all_beams=True,
-                                   first_cache_len=first)
+    uncached = [decode.greedy_search(params, cfg, inputs[i:i + BATCH], use_cache=False, **search)
+                for i in range(0, MANY, BATCH)]  # a row's outputs do not depend on the others
+    np.testing.assert_array_equal(two_phase, np.concatenate(uncached))
+    beams_one = decode.beam_search(params, cfg, inputs, return_all_beams=True, compact=False,
+                                   first_cache_len=SRC_LEN + EXTRA, **search)
+    beams_two = decode.beam_search(params, cfg, inputs, return_all_beams=True, first_cache_len=first,
+                                   **search)
     np.testing.assert_array_equal(beams_two[0], beams_one[0])
     np.testing.assert_allclose(beams_two[1], beams_one[1], atol=1e-6)
 
@@ -286,25 +297,28 @@ def test_argument_errors(tiny, kwargs, message):
 
 @pytest.mark.parametrize("search", ["greedy", "beam"])
 def test_compaction_changes_no_output(tiny, search):
-    """64 sources of 1 to 7 tokens: most finish early, so the loop moves the rest to 16 rows.
-    The outputs equal those of the batch run to the end: greedy exactly, beam search the same hypotheses
-    with scores to float tolerance."""
+    """MANY sources of 1 to 7 tokens: most finish early, so the loop moves the rest to 16 rows (after
+    growing the cache, as in the test above). The outputs equal those of the batch run to the end in one
+    phase: greedy exactly, beam search the same hypotheses with scores to float tolerance."""
     cfg, params = tiny
     rng = np.random.default_rng(8)
-    tokens = rng.integers(4, VOCAB, size=(64, SRC_LEN))
-    tokens[np.arange(SRC_LEN)[None, :] >= rng.integers(1, SRC_LEN + 1, size=64)[:, None]] = PAD_ID
+    tokens = rng.integers(4, VOCAB, size=(MANY, SRC_LEN))
+    tokens[np.arange(SRC_LEN)[None, :] >= rng.integers(1, SRC_LEN + 1, size=MANY)[:, None]] = PAD_ID
     inputs = jnp.asarray(tokens, jnp.int32)
-    assert decode._batch_sizes(64, True) == (64, 16) and decode._batch_sizes(64, False) == (64,)
+    assert decode._batch_sizes(MANY, True) == (MANY, 16) and decode._batch_sizes(MANY, False) == (MANY,)
+    # The grown-cache test's programs: compacted with first_cache_len=4, and the reference in one phase.
+    first_cache_len = {True: 4, False: SRC_LEN + EXTRA}
     if search == "greedy":
         run = lambda compact: decode.greedy_search(params, cfg, inputs, max_extra_len=EXTRA, compact=compact,
-                                                   first_cache_len=4, return_num_steps=True)
+                                                   first_cache_len=first_cache_len[compact],
+                                                   return_num_steps=True)
         (compacted, steps), (full, _) = run(True), run(False)
         np.testing.assert_array_equal(compacted, full)
         lengths = np.asarray(_sequence_lengths(full))
     else:
-        run = lambda compact: decode.beam_search(params, cfg, inputs, beam_size=3, max_extra_len=EXTRA,
-                                                 compact=compact, first_cache_len=4, return_all_beams=True,
-                                                 return_num_steps=True)
+        run = lambda compact: decode.beam_search(params, cfg, inputs, max_extra_len=EXTRA, compact=compact,
+                                                 first_cache_len=first_cache_len[compact],
+                                                 return_all_beams=True, return_num_steps=True)
         (seqs, scores, steps), (full_seqs, full_scores, _) = run(True), run(False)
         np.testing.assert_array_equal(seqs, full_seqs)
         np.testing.assert_allclose(scores, full_scores, atol=1e-6)
