@@ -7,7 +7,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from tiny import random_params
 
 from transformer_jax.evaluation import decode, kv_cache
 from transformer_jax.evaluation.decode import NEG_INF
@@ -73,10 +72,16 @@ def _assert_well_formed(tokens, limits):
         assert eos.size == 0 or (eos.size == 1 and eos[0] == length - 1), row
 
 
+def _init(cfg, seed):
+    """The model's own init (its outputs end early often enough, and depend on every sub-layer), with the
+    "rbg" PRNG, whose program compiles much faster than threefry's."""
+    return jax.jit(model_lib.init_params, static_argnums=0)(cfg, rng=jax.random.key(seed, impl="rbg"))
+
+
 @pytest.fixture(scope="module")
 def tiny():
     cfg = _tiny()
-    return cfg, random_params(cfg, 0)
+    return cfg, _init(cfg, 0)
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +89,7 @@ def small():
     """Vocabulary 6 (PAD, EOS, UNK, BOS, 4, 5) and every output sequence of <= 3 tokens with its
     log probability, float64[BATCH, 85], by the full forward pass."""
     cfg = _tiny(vocab_size=SMALL_VOCAB)
-    # The model's own init (its outputs end early often enough for the tests below), with the "rbg" PRNG,
-    # whose program compiles much faster than threefry's.
-    params = jax.jit(model_lib.init_params, static_argnums=0)(cfg, rng=jax.random.key(2, impl="rbg"))
+    params = _init(cfg, 2)
     inputs = _sources(1, SMALL_VOCAB)
     words = range(2, SMALL_VOCAB)  # every token but PAD (never generated) and EOS
     candidates = [[EOS_ID, PAD_ID, PAD_ID]] + [[a, EOS_ID, PAD_ID] for a in words]
