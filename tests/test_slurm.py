@@ -192,8 +192,8 @@ def test_srun_two_processes_equal_two_devices(slurm, tmp_path):
     flags = [f"--config.{k}={v}" for k, v in TINY_FLAGS.items()]
     job_dir, reference = tmp_path / "job", tmp_path / "reference"
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
-    single = _run([sys.executable, "train.py", f"--workdir={reference}", *flags], env)
-    assert single.returncode == 0, single.stderr[-2000:]
+    single = _run([sys.executable, "train.py", f"--workdir={reference}", *flags], env)  # first: the job's
+    assert single.returncode == 0, single.stderr[-2000:]  # processes then find some of its programs compiled
     job = _train_job(slurm, job_dir, flags, "--ntasks=2")
     (task,) = _wait_for(slurm, job)
     log = (job_dir / f"slurm-{job}.out").read_text()
