@@ -57,6 +57,26 @@ def test_a_data_error_found_at_start_leaves_no_workdir(tmp_path, commands):
     assert not (tmp_path / "w").exists()
 
 
+def test_an_eval_line_the_model_cannot_take_stops_the_run_at_start(tmp_path, commands):
+    data = tmp_path / "data"
+    data.mkdir()
+    words = [f"w{i}" for i in range(30)]
+    lines = [" ".join(words[(i + k) % 30] for k in range(2 + i % 5)) for i in range(200)]
+    for split in ("train", "val", "test"):
+        src = lines[:200] if split == "train" else lines[:9]
+        if split == "val":
+            src = src[:2] + [" ".join(words * 10)] + src[3:]  # 300 words: more than model.max_len=256
+        (data / f"{split}.en").write_text("".join(line + "\n" for line in src))
+        (data / f"{split}.de").write_text("".join(line.upper() + "\n" for line in src))
+    workdir = tmp_path / "w"
+    result = commands.run("train.py", f"--workdir={workdir}", "--config.data.source=text",
+                          f"--config.data.dir={data}", "--config.data.vocab_size=36",
+                          "--config.peak_tflops_per_device=1")
+    _assert_short(result, f"{data / 'val.en'}:3: the source has", "more than the model's max_len=256")
+    assert "Model:" not in result.stdout  # before the model was built
+    assert not (workdir / "checkpoints").exists()
+
+
 def test_data_dir_naming_a_file_says_so(tmp_path, commands):
     (tmp_path / "train.en").write_text("a b\n")
     result = commands.run("train.py", f"--workdir={tmp_path / 'w'}", "--config.data.source=text",

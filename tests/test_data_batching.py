@@ -19,7 +19,7 @@ from transformer_jax.data import (
 from transformer_jax.data.batching import TokenizedSplit, TrainIterator, bucket_batch_sizes, gather_padded
 from transformer_jax.data.eval_batches import extended_buckets
 from transformer_jax.model.special_ids import EOS_ID, PAD_ID
-from transformer_jax.runtime.errors import ConfigError
+from transformer_jax.runtime.errors import ConfigError, DataError
 
 # Odd sizes everywhere: 997 train pairs, 3 processes, budget 1001 tokens.
 _CFG = dict(
@@ -278,6 +278,28 @@ def test_eval_batches_keep_every_example_once_in_a_fixed_order(tok):
     assert sum(b.num_real for b in make_eval_batches(cfg, tok, "test", max_examples=17)) == 17
     given = make_eval_batches(cfg, tok, "files", pairs=pairs[:7])
     assert sorted(t for b in given for t in b.target_texts) == sorted(t for _, t in pairs[:7])
+
+
+def test_eval_length_limits_name_the_first_example_over_each(tok):
+    cfg = _config()
+    short, long_text = "a b", " ".join(["the house is small"] * 12)
+    pairs = [(short, short), (short, long_text), (long_text, short), (long_text, long_text)]
+    src, ref = (len(tok.encode_text([t], side=side)[0]) + 1 for t, side in ((long_text, "source"),
+                                                                           (long_text, "target")))
+    names = [f"f.en:{i}" for i in range(1, 5)]
+
+    def batches(**limits):
+        return make_eval_batches(cfg, tok, "files", pairs=pairs, locations=names, **limits)
+
+    assert sum(b.num_real for b in batches(max_length=max(src, ref), max_source_length=src)) == 4
+    with pytest.raises(DataError, match=rf"^f\.en:3: the source has {src} tokens \(EOS included\), more "
+                       rf"than the {src - 1} this model can decode \(2 such lines\); .*final_max_extra_len"):
+        batches(max_source_length=src - 1)
+    with pytest.raises(DataError, match=rf"^f\.en:2: the reference has {ref} tokens .* more than the model's "
+                       rf"max_len={ref - 1} \(3 such lines\); .*raise config\.model\.max_len"):
+        batches(max_length=ref - 1, max_source_length=src)
+    with pytest.raises(DataError, match=r"^files example 3: the source"):  # no locations: the number
+        make_eval_batches(cfg, tok, "files", pairs=pairs, max_source_length=src - 1)
 
 
 def test_eval_never_truncates_examples_longer_than_the_buckets(tok):

@@ -51,18 +51,23 @@ class EvalBatch:
     num_real: int
 
 
-def _raise_too_long(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_length: int, split: str,
-                    locations: Sequence[str] | None) -> None:
-    """DataError naming the first example longer than `max_length` tokens, and how many are."""
-    too_long = np.flatnonzero(np.maximum(src_lengths, tgt_lengths) > max_length)
-    i = int(too_long[0])
-    where = locations[i] if locations is not None else f"{split} example {i + 1}"
-    side = "source" if src_lengths[i] > max_length else "reference"
-    length = int(max(src_lengths[i], tgt_lengths[i]))
-    raise DataError(
-        f"{where}: the {side} has {length} tokens (EOS included), more than the {max_length} this "
-        f"model can decode ({len(too_long)} such lines); shorten or split it, or decode with a smaller "
-        "max_extra_len")
+def _check_lengths(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_length: int | None,
+                   max_source_length: int | None, split: str, locations: Sequence[str] | None) -> None:
+    """DataError naming the first example over a limit of :func:`make_eval_batches` (the source's
+    decoding limit first) and how many are."""
+    for limit, lengths, over, fix in (
+            (max_source_length, src_lengths, "more than the {} this model can decode",
+             "lower --max_extra_len (config.final_max_extra_len in training)"),
+            (max_length, np.maximum(src_lengths, tgt_lengths), "more than the model's max_len={}",
+             "raise config.model.max_len")):
+        too_long = np.flatnonzero(lengths > limit) if limit is not None else []
+        if len(too_long):
+            i = int(too_long[0])
+            where = locations[i] if locations is not None else f"{split} example {i + 1}"
+            side = "source" if src_lengths[i] == lengths[i] else "reference"
+            raise DataError(f"{where}: the {side} has {int(lengths[i])} tokens (EOS included), "
+                            f"{over.format(limit)} ({len(too_long)} such lines); shorten or split it, or "
+                            f"{fix}")
 
 
 def extended_buckets(length_buckets: Sequence[int], longest: int, growth: float = 1.25) -> list[int]:
@@ -87,6 +92,7 @@ def make_eval_batches(
     batch_multiple: int = 1,
     pairs: Sequence[tuple[str, str]] | None = None,
     max_length: int | None = None,
+    max_source_length: int | None = None,
     locations: Sequence[str] | None = None,
 ) -> list[EvalBatch]:
     """Every example of `split` (the first `max_examples`) exactly once, none truncated.
@@ -94,9 +100,10 @@ def make_eval_batches(
     `pairs`, if given (e.g. from `read_parallel`), replaces the split's pairs; `split` is then
     only a label.
 
-    `max_length`, if given, is the longest padded length the model can take (for decoding: its
-    max_len minus the output allowance). An example longer than that (either side, EOS included)
-    raises DataError naming it by `locations[i]` (e.g. "newstest2014.en:17") or its 1-based number.
+    `max_length`, if given, is the longest example the model takes (its max_len), either side, EOS
+    included; `max_source_length` the longest source it can decode (max_len minus the output
+    allowance). An example over either raises DataError naming it by `locations[i]` (e.g.
+    "newstest2014.en:17") or its 1-based number.
 
     Batches are bucketed by the longer side (:func:`plan_batches`, ordered by source length within a
     bucket), examples longer than the largest bucket in the buckets of ``extended_buckets``, and a
@@ -116,11 +123,9 @@ def make_eval_batches(
     tgt_flat, tgt_offsets = concat_with_eos(tokenizer.encode_text([t for _, t in pairs], side="target"))
     src_lengths, tgt_lengths = np.diff(src_offsets), np.diff(tgt_offsets)
     lengths = np.maximum(src_lengths, tgt_lengths)
-    if max_length is not None and len(lengths) and lengths.max() > max_length:
-        if locations is None and isinstance(source, TextSource):  # name the file and line
-            path = source.paths(split)[0]
-            locations = [f"{path}:{line}" for line in source.line_numbers[split]]
-        _raise_too_long(src_lengths, tgt_lengths, max_length, split, locations)
+    if locations is None and isinstance(source, TextSource):  # name the file and line
+        locations = [f"{source.paths(split)[0]}:{line}" for line in source.line_numbers[split]]
+    _check_lengths(src_lengths, tgt_lengths, max_length, max_source_length, split, locations)
     buckets = extended_buckets(data_config.length_buckets, int(lengths.max()) if len(lengths) else 0)
     sizes = bucket_batch_sizes(buckets, data_config.tokens_per_batch, batch_multiple)
     batches = []

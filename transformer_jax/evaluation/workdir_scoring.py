@@ -99,7 +99,7 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
     restored, settings, average_last = _restore(workdir, step, average_last, beam_size, alpha, max_extra_len)
     run, tokenizer, model_config = restored.run, restored.tokenizer, restored.model_config
     beam_size, alpha, max_extra_len = settings.beam_size, settings.alpha, settings.max_extra_len
-    max_length = _decodable_length(model_config, run.data, max_extra_len)
+    max_source_length = _decodable_length(model_config, run.data, max_extra_len)
     task = tasks.task_for(run.data)
     if engine not in task.engines:
         raise ConfigError(f"--engine={engine}: a {task.name} run decodes with {' or '.join(task.engines)}; "
@@ -107,9 +107,9 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
     stem = evaluate_args.output_stem(out_dir, split=split, step=restored.step, source_file=source_file,
                                      average_last=average_last, engine=engine)
     txt_path, json_path = evaluate_args.claim_outputs(stem, overwrite=overwrite)
-    params, averaged_steps = averaged_params(restored, average_last, from_config=from_config)
     split, batches = _split_batches(run.data, tokenizer, split, source_file, reference_file,
-                                    max_length)
+                                    model_config.max_len, max_source_length)
+    params, averaged_steps = averaged_params(restored, average_last, from_config=from_config)
     ppl = scoring.perplexity(params, model_config, batches)
     with contextlib.ExitStack() as stack:
         decode_fn, engine_info = None, {}
@@ -139,20 +139,22 @@ def _write(path: str, text: str) -> None:
 
 
 def _split_batches(data_config, tokenizer, split: str, source_file: str | None,
-                   reference_file: str | None, max_length: int) -> tuple[str, list]:
+                   reference_file: str | None, max_length: int, max_source_length: int
+                   ) -> tuple[str, list]:
     """(split name, batches): the run's ``split``, or the given file pair (named after newstest).
 
-    A pair longer than ``max_length`` tokens raises DataError naming its file and line.
+    A pair over ``max_length`` tokens on either side, or a source over ``max_source_length``, raises
+    DataError naming its file and line.
     """
+    limits = {"max_length": max_length, "max_source_length": max_source_length}
     if not (source_file or reference_file):
-        return split, data_lib.make_eval_batches(data_config, tokenizer, split, max_length=max_length)
+        return split, data_lib.make_eval_batches(data_config, tokenizer, split, **limits)
     if not (source_file and reference_file):
         raise ConfigError("--source_file and --reference_file go together; got only one")
     pairs, lines = read_parallel_numbered(source_file, reference_file)
     name = os.path.basename(source_file)
     split = "test" if "newstest2014" in name else "dev" if "newstest2013" in name else "files"
-    return split, data_lib.make_eval_batches(data_config, tokenizer, split, pairs=pairs,
-                                             max_length=max_length,
+    return split, data_lib.make_eval_batches(data_config, tokenizer, split, pairs=pairs, **limits,
                                              locations=[f"{source_file}:{n}" for n in lines])
 
 

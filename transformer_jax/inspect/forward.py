@@ -167,6 +167,7 @@ def pieces(tokenizer, ids: Sequence[int]) -> list[str]:
 
 
 def dev_batches(restored: Restored, num_sentences: int, split: str = "dev") -> list:
-    """The first ``num_sentences`` of ``split`` as padded evaluation batches."""
+    """The first ``num_sentences`` of ``split`` as padded evaluation batches; a longer example than the
+    model takes raises DataError naming it."""
     return data_lib.make_eval_batches(restored.run.data, restored.tokenizer, split,
-                                      max_examples=num_sentences)
+                                      max_examples=num_sentences, max_length=restored.model_config.max_len)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import json
 import logging
 import os
@@ -73,21 +72,31 @@ class Trainer:
     state_sharding: Any
     train_step: steps.TrainStepFn  # (state, global batch) -> (state, metric sums); donates the state
     peak_flops: float  # per device: loop.peak_tflops_per_device, or the matmul peak measured at start-up
+    dev_batches: list  # the whole dev split: perplexity
+    dev_decode_batches: list  # its first eval.eval_bleu_examples: the periodic greedy BLEU (or F1)
+    final_batches: list  # eval.final_eval_split, scored after training
 
     @property
     def model_config(self) -> ModelConfig:
         return self.run.model
 
-    @functools.cached_property
-    def dev_batches(self) -> list:
-        """The whole dev split, read and tokenized once per run."""
-        return data_lib.make_eval_batches(self.run.data, self.tokenizer, "dev")
 
-    @functools.cached_property
-    def dev_bleu_batches(self) -> list:
-        """The dev sentences decoded for the periodic BLEU (or F1)."""
-        return data_lib.make_eval_batches(self.run.data, self.tokenizer, "dev",
-                                          max_examples=self.run.eval.eval_bleu_examples)
+def _eval_batches(run: RunConfig, tokenizer: data_lib.Tokenizer) -> tuple[list, list, list]:
+    """``Trainer``'s dev, dev-decode and final batches, read at start-up so that an example the model
+    cannot take (DataError naming its file and line) stops the run before anything compiles.
+
+    Multi-process runs evaluate nothing (``evaluate.py`` scores them): three empty lists.
+    """
+    if jax.process_count() > 1:
+        return [], [], []
+    max_len, ev = run.model.max_len, run.eval
+    decodable = {"max_length": max_len, "max_source_length": max_len - ev.final_max_extra_len}
+    dev = data_lib.make_eval_batches(run.data, tokenizer, "dev", max_length=max_len)
+    dev_decode = data_lib.make_eval_batches(run.data, tokenizer, "dev", max_examples=ev.eval_bleu_examples,
+                                            **decodable) if ev.eval_bleu_examples else []
+    final = data_lib.make_eval_batches(run.data, tokenizer, ev.final_eval_split,
+                                       **decodable) if ev.final_eval_split else []
+    return dev, dev_decode, final
 
 
 def _shared_tokenizer(data_config, workdir: str) -> data_lib.Tokenizer:
@@ -110,12 +119,14 @@ def setup(run: RunConfig, workdir: str) -> tuple[Trainer, TrainState, data_lib.T
         run.data, tokenizer, seed=run.seed, process_index=jax.process_index(),
         process_count=jax.process_count(),
         batch_multiple=mesh.shape["data"] * run.train.grad_accum_steps)
+    eval_batches = _eval_batches(run, tokenizer)
     state, state_sharding = create_train_state(run.model, tx, mesh, rules, seed=run.seed)
     train_step = steps.make_train_step(
         run.model, tx, mesh, rules, state_sharding, label_smoothing=run.train.label_smoothing,
         grad_accum_steps=run.train.grad_accum_steps)
     trainer = Trainer(run, workdir, mesh, rules, tokenizer, task_for(run.data), tx, schedule,
-                      state_sharding, train_step, _peak_flops(run.loop.peak_tflops_per_device))
+                      state_sharding, train_step, _peak_flops(run.loop.peak_tflops_per_device),
+                      *eval_batches)
     return trainer, state, train_iter
 
 
@@ -144,7 +155,7 @@ def evaluate_dev(trainer: Trainer, params) -> dict[str, float]:
     results = {f"dev_{k}": v for k, v in metrics.items()}
     if run.eval.eval_bleu_examples:
         results.update(trainer.task.dev_scores(params, run.model, trainer.tokenizer, run.data, run.eval,
-                                               trainer.dev_bleu_batches))
+                                               trainer.dev_decode_batches))
     return results
 
 
@@ -329,10 +340,9 @@ def _final_evaluation(trainer: Trainer, state: TrainState, step: int, started: f
         final.update(evaluate_dev(trainer, params))
     split = run.eval.final_eval_split
     if split and jax.process_count() == 1:
-        batches = data_lib.make_eval_batches(run.data, trainer.tokenizer, split)
-        final[f"{split}_ppl"] = scoring.perplexity(params, run.model, batches)["ppl"]
+        final[f"{split}_ppl"] = scoring.perplexity(params, run.model, trainer.final_batches)["ppl"]
         final.update(trainer.task.final_report(params, run.model, trainer.tokenizer, run.data, run.eval,
-                                               batches, split=split, run_name=run.name))
+                                               trainer.final_batches, split=split, run_name=run.name))
     return final
 
 
