@@ -181,8 +181,8 @@ def test_sweep_array_equals_local_and_resumes_a_cancelled_row(slurm, tmp_path):
     job2 = _submitted_job(_sweep(array, *rows, "--launcher=slurm", "--submit", env=slurm.env))
     assert all(t["JobState"] == "COMPLETED" for t in _wait_for(slurm, job2))
     assert local_run.wait(timeout=600) == 0, local_run.stdout.read()[-2000:]
-    assert "done already" in (array / f"slurm-{job2}_0.out").read_text()
-    resumed = re.findall(r"Resuming from step (\d+)", (array / "D-drop0.0" / "train.log").read_text())
+    assert "done already" in _log_text(array / f"slurm-{job2}_0.out")
+    resumed = re.findall(r"Resuming from step (\d+)", _log_text(array / "D-drop0.0" / "train.log"))
     assert resumed and int(resumed[-1]) >= 10
     assert _report_numbers(array) == _report_numbers(local)
     assert all(row["status"] == "done" for row in _report_numbers(array))
@@ -196,7 +196,7 @@ def test_srun_two_processes_equal_two_devices(slurm, tmp_path):
     assert single.returncode == 0, single.stderr[-2000:]  # processes then find some of its programs compiled
     job = _train_job(slurm, job_dir, flags, "--ntasks=2")
     (task,) = _wait_for(slurm, job)
-    log = (job_dir / f"slurm-{job}.out").read_text()
+    log = _log_text(job_dir / f"slurm-{job}.out")
     assert task["JobState"] == "COMPLETED" and "2 devices, 2 processes" in log, log[-3000:]
 
     _assert_bitwise_equal(job_dir, reference)  # each process fed its own rows, as the two devices did
@@ -208,10 +208,16 @@ def test_srun_two_processes_equal_two_devices(slurm, tmp_path):
     assert (job_dir / "eval" / "dev-40.json").exists()
 
 
+def _log_text(path) -> str:
+    """A run's log. A run stopped mid-write can end it inside a multi-byte character (a progress bar's
+    block), which is replaced."""
+    return path.read_text(errors="replace")
+
+
 def _requeues(cluster, job: str, log) -> int:
     """How often ``job`` requeued itself; checks that it completed and that Slurm counted the same."""
     (task,) = _wait_for(cluster, job)
-    text = log.read_text()
+    text = _log_text(log)
     assert task["JobState"] == "COMPLETED", text[-3000:]
     requeues = text.count("requeueing job")
     assert int(task["Restarts"]) == requeues, text[-3000:]
@@ -219,7 +225,7 @@ def _requeues(cluster, job: str, log) -> int:
 
 
 def _resumed_from(log) -> list[int]:
-    return [int(s) for s in re.findall(r"Resuming from step (\d+)", log.read_text())]
+    return [int(s) for s in re.findall(r"Resuming from step (\d+)", _log_text(log))]
 
 
 def _hold_until_warned(runs: dict, when_held: Callable[[], object], timeout: float = 600) -> None:
@@ -236,7 +242,7 @@ def _hold_until_warned(runs: dict, when_held: Callable[[], object], timeout: flo
         for workdir, log in runs.items():
             if workdir in warned:
                 continue
-            if log.exists() and "time limit in sight" in log.read_text():
+            if log.exists() and "time limit in sight" in _log_text(log):
                 with contextlib.suppress(KeyError, ProcessLookupError):
                     os.kill(held.pop(workdir), signal.SIGCONT)
                 warned.add(workdir)
