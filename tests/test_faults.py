@@ -49,7 +49,8 @@ def start(script, workdir, *, cold=False, **overrides) -> subprocess.Popen:
     flags = [f"--config.{k}={v}" for k, v in {**FAULT, **overrides}.items()] if script == "train.py" else []
     env = dict(os.environ, JAX_COMPILATION_CACHE_DIR="") if cold else None
     return subprocess.Popen([sys.executable, os.path.join(REPO, script), f"--workdir={workdir}", *flags],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            errors="replace")  # a progress bar's character can be split by a line of stdout
 
 
 def finish(proc, timeout=300) -> str:

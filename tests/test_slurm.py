@@ -67,7 +67,7 @@ def _run(command, env, background: bool = False):
     """Runs ``command`` from the repository root (or starts it, with ``background``)."""
     if background:
         return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+                                stderr=subprocess.STDOUT, text=True, errors="replace")  # see _log_text
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
