@@ -38,7 +38,7 @@ _TRUNCATE = flags.DEFINE_bool(
 _TOKENS_PER_BATCH = flags.DEFINE_integer(
     "tokens_per_batch", None,
     "Decoding batch budget: beams x sentences x (padded source length + max_extra_len); default: "
-    "a 768 MiB self-attention cache (196,608 for the Multi30k model).")
+    "a 768 MiB self-attention cache (docs/benchmarks.md gives the Multi30k model's figure).")
 _PROGRESS = flags.DEFINE_bool(
     "progress", None, "Show a progress bar on stderr (default: when the input is a file).")
 _COMPILATION_CACHE_DIR = flags.DEFINE_string(
