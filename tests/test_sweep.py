@@ -6,6 +6,7 @@ train.py and evaluate.py would (the final ``metrics.jsonl`` record and ``eval/de
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -463,3 +464,29 @@ def test_sweep_errors_are_one_line_and_the_hint(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and err[0].startswith("error: "), err
     assert err[1] == "(set TRANSFORMER_JAX_TRACEBACK=1 for the traceback)"
+
+
+def _array_task_argv(script: str, task_id: int) -> list[str]:
+    """The sweep arguments array task ``task_id`` of a written ``sweep.sbatch`` runs."""
+    (line,) = [line for line in script.splitlines() if "$SLURM_ARRAY_TASK_ID\"" in line and "-m" in line]
+    argv = shlex.split(line.removesuffix(" &").replace("$SLURM_ARRAY_TASK_ID", str(task_id)))
+    return argv[argv.index("transformer_jax.sweep") + 1:]
+
+
+def test_a_slurm_array_of_one_row_index_runs_that_row(tmp_path, monkeypatch, capsys):
+    """``--launcher slurm --row_index k``: the array's one task is k, and it trains row k of the full grid."""
+    assert run("--grid", "model.dropout_rate=0.0,0.1,0.2", "--row_index", "2", "--workdir",
+               str(tmp_path / "g"), "--launcher", "slurm") == 0
+    script = (tmp_path / "g" / "sweep.sbatch").read_text()
+    assert "#SBATCH --array=2\n" in script and "#   2: model.dropout_rate=0.2" in script
+    assert "rows=(model.dropout_rate=0.0 model.dropout_rate=0.1 model.dropout_rate=0.2)" in script
+    assert "(1 array tasks)" in capsys.readouterr().out
+
+    runner = FakeRunner()
+    monkeypatch.setattr(launchers, "run_command", runner)
+    assert run("--rows", "E", "--scale", "cpu", "--base_seeds", "1", "--row_index", "1", "--workdir",
+               str(tmp_path / "t3"), "--launcher", "slurm") == 0
+    script = (tmp_path / "t3" / "sweep.sbatch").read_text()
+    assert "#SBATCH --array=1\n" in script and "#   1: E-learned-pos" in script
+    assert run(*_array_task_argv(script, 1)) == 0  # what task 1 runs
+    assert runner.commands == [("train.py", "E-learned-pos"), ("evaluate.py", "E-learned-pos")]

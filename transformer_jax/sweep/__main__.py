@@ -118,18 +118,20 @@ def _run(command: str, f: flags.FlagValues) -> int:
     config_arg = None if f.grid == "table3" else grid.command_config_arg(f.config)
     launchers.write_manifest(workdir, grid=f.grid, scale=scale, config_arg=config_arg, rows=rows, info=info)
     beam_size = f.beam_size or (1 if scale == "cpu" else paper.BEAM_SIZE)
+    indices = list(range(len(rows)))  # the rows to run, by their index in the sweep
     if f.row_index is not None:
         if not 0 <= f.row_index < len(rows):
             raise ValueError(f"--row_index={f.row_index} is out of range: the sweep has {len(rows)} rows "
                              f"(0 to {len(rows) - 1})")
-        rows = [rows[f.row_index]]
+        indices = [f.row_index]
     if f.launcher == "local":
+        rows = [rows[i] for i in indices]
         failed = launchers.launch_local(rows, info, workdir, beam_size=beam_size,
                                         python=f.python or sys.executable)
         return 1 if failed else 0
     python = f.python or "python"
     if f.launcher == "print":
-        launchers.launch_print(rows, info, workdir, beam_size=beam_size, python=python)
+        launchers.launch_print([rows[i] for i in indices], info, workdir, beam_size=beam_size, python=python)
         return 0
     task = [python, "-m", "transformer_jax.sweep", f"--grid={f.grid}", f"--workdir={workdir}",
             "--launcher=local", f"--beam_size={beam_size}", f"--python={python}"]
@@ -138,12 +140,14 @@ def _run(command: str, f: flags.FlagValues) -> int:
                  f"--base_seeds={f.base_seeds}", *(f"--override={item}" for item in f.override)]
     else:
         task += [f"--config={config_arg}"]
+    # Every row goes into the script, so that task i runs row i of the sweep the task rebuilds; the array
+    # holds the tasks to run.
     path = launchers.launch_slurm(rows, workdir, task, slurm_options=f.slurm_option,
-                                  signal_seconds=f.slurm_signal_seconds)
+                                  signal_seconds=f.slurm_signal_seconds, indices=indices)
     if f.submit:
-        print(f"Submitted {path} ({len(rows)} array tasks): job {slurm.submit(path)}")
+        print(f"Submitted {path} ({len(indices)} array tasks): job {slurm.submit(path)}")
     else:
-        print(f"Wrote {path} ({len(rows)} array tasks). Submit it with:\n  sbatch {path}")
+        print(f"Wrote {path} ({len(indices)} array tasks). Submit it with:\n  sbatch {path}")
     print(f"When the tasks finish: python -m transformer_jax.sweep report --workdir {workdir} (submitting "
           "again runs only the rows not finished)")
     return 0

@@ -253,15 +253,19 @@ def launch_print(rows: Sequence[Row], info: dict, workdir: str, *, beam_size: in
 
 
 def launch_slurm(rows: Sequence[Row], workdir: str, argv_for_task: list[str], *,
-                 slurm_options: Sequence[str], signal_seconds: int = slurm.DEFAULT_SIGNAL_SECONDS) -> str:
-    """Writes ``<workdir>/sweep.sbatch``, one array task per row; returns its path.
+                 slurm_options: Sequence[str], signal_seconds: int = slurm.DEFAULT_SIGNAL_SECONDS,
+                 indices: Sequence[int] | None = None) -> str:
+    """Writes ``<workdir>/sweep.sbatch``, one array task per row (of ``indices``: default every row).
 
-    Task i runs row i with the local launcher (a finished row is skipped, a partial one resumes); near the
-    time limit the row saves and the task requeues itself until the row's ``result.json`` exists.
+    Task i runs row i of every row of the sweep (``rows``, which ``argv_for_task`` rebuilds) with the local
+    launcher (a finished row is skipped, a partial one resumes); near the time limit the row saves and the
+    task requeues itself until the row's ``result.json`` exists. Returns the script's path.
     """
+    indices = list(range(len(rows))) if indices is None else list(indices)
     path = os.path.join(workdir, "sweep.sbatch")
+    array = f"0-{len(rows) - 1}" if indices == list(range(len(rows))) else ",".join(map(str, indices))
     header = [f"--job-name=sweep-{os.path.basename(os.path.normpath(workdir))}",
-              f"--array=0-{len(rows) - 1}", f"--output={os.path.join(workdir, 'slurm-%A_%a.out')}",
+              f"--array={array}", f"--output={os.path.join(workdir, 'slurm-%A_%a.out')}",
               "--ntasks=1", *slurm_options]
     names = " ".join(shlex.quote(row.name) for row in rows)
     text = slurm.batch_script(
@@ -270,7 +274,7 @@ def launch_slurm(rows: Sequence[Row], workdir: str, argv_for_task: list[str], *,
         done=f'[ -f {shlex.quote(workdir)}/"${{rows[$SLURM_ARRAY_TASK_ID]}}"/{RESULT} ]',
         signal_seconds=signal_seconds,
         comments=["Task i trains and evaluates row i (skipped if finished, resumed if partial):",
-                  *(f"  {i}: {row.name}" for i, row in enumerate(rows))],
+                  *(f"  {i}: {rows[i].name}" for i in indices)],
         setup=f"rows=({names})")
     return slurm.write_script(path, text)
 
