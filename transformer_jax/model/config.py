@@ -14,7 +14,7 @@ import numpy as np
 
 POSITION_ENCODINGS = ("sinusoidal", "learned")
 NORM_STYLES = ("post", "pre")
-ATTENTION_IMPLEMENTATIONS = ("dense", "blockwise")
+ATTENTION_IMPLEMENTATIONS = ("dense", "blockwise", "fused")
 ATTENTION_INITS = ("matrix", "narrow")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # Set by the code that runs the model, never by a config.
@@ -45,7 +45,9 @@ class ModelConfig:
     max_len: int = 256  # longest position the position table covers
     position_encoding: str = "sinusoidal"  # or "learned" (Table 3 row E)
     norm_style: str = "post"  # "post" is the paper's LayerNorm(x + Sublayer(x))
-    attention_impl: str = "dense"  # or "blockwise": memory O(n) in length (FlashAttention-style)
+    # "dense" forms the weights; "blockwise": memory O(n) in length (FlashAttention-style, in JAX);
+    # "fused": jax.nn.dot_product_attention, cuDNN's flash attention on a GPU in bfloat16, XLA elsewhere
+    attention_impl: str = "dense"
     attention_block_size: int = 512  # query/key block of the blockwise implementation
     # Glorot fans of the head-split W^Q, W^K, W^V, W^O: "matrix" takes those of the 2-D matrix each stands
     # for (flax DenseGeneral, fairseq, tensor2tensor); "narrow" takes flax's default axes on the 3-D
@@ -84,6 +86,20 @@ class ModelConfig:
                 "attention_impl='blockwise' never forms the attention weights, so it supports neither "
                 f"attention_witness=True nor attention_dropout_rate > 0; got attention_witness="
                 f"{self.attention_witness}, attention_dropout_rate={self.attention_dropout_rate}")
+        if self.attention_impl == "fused":
+            self._check_fused()
+
+    def _check_fused(self) -> None:
+        """One line for each option ``jax.nn.dot_product_attention`` cannot serve."""
+        if self.d_k != self.d_v:
+            raise ValueError(f"attention_impl='fused' has one head size for keys and values, got "
+                             f"d_k={self.d_k} and d_v={self.d_v}; use attention_impl='dense' or 'blockwise'")
+        if self.attention_witness or self.attention_dropout_rate > 0:
+            raise ValueError(
+                "attention_impl='fused' never forms the attention weights, so it supports neither "
+                f"attention_witness=True nor attention_dropout_rate > 0; got attention_witness="
+                f"{self.attention_witness}, attention_dropout_rate={self.attention_dropout_rate}; use "
+                "attention_impl='dense'")
 
     def _default_head_dim(self, name: str) -> int:
         if not isinstance(self.num_heads, int) or self.num_heads <= 0:

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.model import attention, blockwise_attention
+from transformer_jax.model import attention, blockwise_attention, fused_attention
 from transformer_jax.model.axes import BATCH, EMBED, HEADS, KV, LENGTH, MLP, VOCAB
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.decode_cache import DecodeCache, LayerCache
@@ -185,6 +185,10 @@ class MultiHeadAttention(nn.Module):
             out = blockwise_attention.blockwise_attention(
                 query, key, value, mask, causal=self.causal, block_size=cfg.attention_block_size)
             return self._output(out)
+        if cfg.attention_impl == "fused":
+            out = fused_attention.fused_attention(query, key, value, mask, causal=self.causal,
+                                                  implementation=self._fused_implementation())
+            return self._output(out)
         if self.causal:
             mask = attention.combine_masks(mask, attention.causal_mask(query.shape[1]))
         dropout_rng = None
@@ -214,10 +218,32 @@ class MultiHeadAttention(nn.Module):
         Returns:
           float[batch * beams, 1, d_model].
         """
-        out, weights = attention.decode_attention(self._project(inputs_q, self.w_q), key, value, mask)
+        query = self._project(inputs_q, self.w_q)
+        if self.config.attention_impl == "fused":
+            return self._output(self._attend_cached_fused(query, key, value, mask))
+        out, weights = attention.decode_attention(query, key, value, mask)
         if self.config.attention_witness:
             attention.witness_in_jit(weights, jnp.swapaxes(mask, 2, 3))
         return self._output(out)
+
+    def _fused_implementation(self) -> str:
+        cfg = self.config
+        return fused_attention.implementation_for(cfg.dtype, cfg.d_k)
+
+    def _attend_cached_fused(self, query: Array, key: Array, value: Array, mask: Array) -> Array:
+        """``attend_cached`` through ``fused_attention``: an example's beams are its queries.
+
+        query: float[batch * beams, 1, h, d_k]; key, value: float[batch, h, keys, d_k] (head-major);
+        mask: bool[batch|1, 1, keys, beams|1] (keys first). Returns float[batch * beams, 1, h, d_k].
+        """
+        batch, heads, _, d_k = key.shape
+        beams = query.shape[0] // batch
+        out = fused_attention.fused_attention(
+            query.reshape(batch, beams, heads, d_k),  # [B, beams, H, d_k]
+            jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2),  # [B, keys, H, d_k]
+            jnp.swapaxes(mask, 2, 3),  # [B|1, 1, beams|1, keys]
+            implementation=self._fused_implementation())
+        return out.reshape(batch * beams, 1, heads, d_k)
 
 
 class FeedForward(nn.Module):
