@@ -300,3 +300,16 @@ def test_jobs_requeued_at_their_time_limit_equal_an_uninterrupted_run(slurm, tmp
     assert _report_numbers(array) == _report_numbers(local)
     print(f"train job: {requeues} requeues, resumed from {resumed}; sweep task: {sweep_requeues} requeues, "
           f"resumed from {sweep_resumed}; {time.time() - started:.0f} s")
+
+
+def test_a_job_in_a_folder_with_a_space_and_a_hash_runs_its_tasks_per_node(slurm, tmp_path):
+    """``--nodes=1 --sbatch_option=--ntasks-per-node=2`` into ``my runs/exp#2``: sbatch takes the quoted
+    paths, the log lands in the workdir, and both processes run, joined by ``--multiprocess``."""
+    workdir = tmp_path / "my runs" / "exp#2"
+    (tmp_path / "my runs" / "exp").mkdir(parents=True)  # where an unquoted '#' would send the log
+    flags = [f"--config.{k}={v}" for k, v in {**TINY_FLAGS, "train.num_steps": 10}.items()]
+    job = _train_job(slurm, workdir, flags, "--nodes=1", "--sbatch_option=--ntasks-per-node=2")
+    (task,) = _wait_for(slurm, job)
+    log = _log_text(workdir / f"slurm-{job}.out")
+    assert task["JobState"] == "COMPLETED" and "2 devices, 2 processes" in log, log[-3000:]
+    assert os.listdir(tmp_path / "my runs" / "exp") == [] and (workdir / "final.json").exists()

@@ -20,14 +20,16 @@ if it has the time, and the job is not requeued; resubmitting resumes from the l
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shlex
 import subprocess
 from collections.abc import Sequence
 
 from absl import flags
 
-from transformer_jax.runtime import errors
+from transformer_jax.runtime import disk, errors
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_SIGNAL_SECONDS = 300  # time to save a checkpoint before the limit; Slurm may warn up to 60 s early
@@ -80,16 +82,67 @@ def batch_script(*, header: Sequence[str], command: str, done: str, signal_secon
     return "\n".join(lines) + "\n" + body
 
 
-def train_script(workdir: str, train_args: Sequence[str], *, ntasks: int = 1, nodes: int | None = None,
-                 time: str | None = None, signal_seconds: int = DEFAULT_SIGNAL_SECONDS,
-                 sbatch_options: Sequence[str] = (), python: str = "python") -> str:
-    """The batch script of one training run into ``workdir`` (``train.py`` flags in ``train_args``)."""
+def sbatch_value(value: str) -> str:
+    """``value`` double-quoted for an ``#SBATCH`` line: unquoted, sbatch ends a value at a space, and a ``#``
+    starts a comment."""
+    return f'"{value}"'
+
+
+def output_option(directory: str, pattern: str) -> str:
+    """``--output`` for Slurm's log ``<directory>/<pattern>`` (``pattern`` may hold ``%j``...): quoted, with a
+    ``%`` of ``directory`` doubled so that Slurm does not expand it."""
+    return f"--output={sbatch_value(os.path.join(directory.replace('%', '%%'), pattern))}"
+
+
+def check_sbatch_path(path: str, what: str = "--workdir") -> None:
+    """Refuses a path an ``#SBATCH`` line cannot carry (a double quote, a backslash, a line break)."""
+    bad = [repr(c) for c in ('"', "\\", "\n", "\r") if c in path]
+    if bad:
+        raise errors.ConfigError(f"{what}={path!r}: a Slurm job's folder cannot contain {' or '.join(bad)} "
+                                 "(sbatch's #SBATCH lines cannot carry them); choose another path")
+
+
+_TASKS_PER_NODE = re.compile(r"--ntasks-per-node(?:=|\s+)(\d+)$")
+_TASK_COUNT = re.compile(r"(--ntasks|--ntasks-per-gpu)(=|\s|$)|-n(\s*\d|$)")
+
+
+def _processes(ntasks: int | None, nodes: int | None, sbatch_options: Sequence[str]) -> tuple[list, bool]:
+    """The ``#SBATCH`` task lines, and whether the job runs more than one process (``--multiprocess``).
+
+    ``--ntasks-per-node`` may come as an sbatch option (with ``--nodes``); without ``--ntasks`` no
+    ``--ntasks`` line is written, as sbatch would obey it over ``--ntasks-per-node``.
+    """
+    per_node = None
+    for option in sbatch_options:
+        option = option.strip()
+        if m := _TASKS_PER_NODE.match(option):
+            per_node = int(m.group(1))
+        elif _TASK_COUNT.match(option):
+            raise errors.ConfigError(
+                f"--sbatch_option={option}: give the number of processes as this command's --ntasks (or "
+                "--nodes with --sbatch_option=--ntasks-per-node=N), so that the script starts train.py "
+                "with --multiprocess when there are several")
+    if per_node is None or ntasks is not None:
+        ntasks = ntasks or 1
+        return [f"--ntasks={ntasks}"], ntasks > 1 or (nodes or 1) > 1
+    return [], per_node > 1 or (nodes or 1) > 1
+
+
+def train_script(workdir: str, train_args: Sequence[str], *, ntasks: int | None = None,
+                 nodes: int | None = None, time: str | None = None,
+                 signal_seconds: int = DEFAULT_SIGNAL_SECONDS, sbatch_options: Sequence[str] = (),
+                 python: str = "python") -> str:
+    """The batch script of one training run into ``workdir`` (``train.py`` flags in ``train_args``).
+
+    ``ntasks`` processes (default 1, or ``--nodes`` times an ``--ntasks-per-node`` in ``sbatch_options``).
+    """
     workdir = os.path.abspath(workdir)
-    multi = ntasks > 1 or (nodes or 1) > 1
+    check_sbatch_path(workdir)
+    tasks, multi = _processes(ntasks, nodes, sbatch_options)
     command = ["srun", python, "train.py", *(["--multiprocess"] if multi else []), *train_args,
                f"--workdir={workdir}"]
-    header = [f"--job-name=train-{os.path.basename(workdir)}", f"--output={workdir}/slurm-%j.out",
-              f"--ntasks={ntasks}", *([f"--nodes={nodes}"] if nodes else []),
+    header = [f"--job-name={sbatch_value('train-' + os.path.basename(workdir))}",
+              output_option(workdir, "slurm-%j.out"), *tasks, *([f"--nodes={nodes}"] if nodes else []),
               *([f"--time={time}"] if time else []), *sbatch_options]
     # srun takes a SIGTERM of its own as "abort the step" and kills the tasks; scancel --signal passes
     # SIGTERM to the tasks themselves, which save and exit.
@@ -99,14 +152,38 @@ def train_script(workdir: str, train_args: Sequence[str], *, ntasks: int = 1, no
 
 
 def write_script(path: str, text: str) -> str:
-    """Writes ``text`` to ``path`` (executable), replacing it atomically; returns ``path``."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    """Writes ``text`` to ``path`` (executable), replacing it atomically; returns ``path``.
+
+    Raises a one-line ``UserError`` where the folder cannot be written (the job's log could not be either).
+    """
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, path)
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, path)
+    except OSError as e:
+        if disk.is_disk_full(e):
+            raise
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise errors.UserError(f"cannot write {path}: {e.strerror or e} ({e.filename or path}). The script "
+                               "and Slurm's log go into the workdir: choose a --workdir you can write, on "
+                               "storage every node sees") from None
     return path
+
+
+def check_interpreter(python: str) -> None:
+    """Refuses a ``--python`` path (one with a ``/``, from the checkout when relative) that does not exist;
+    a bare name (``python``) is looked up on the node, in its ``PATH``."""
+    if "/" not in python:
+        return
+    path = os.path.join(REPO_ROOT, python)
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        raise errors.ConfigError(f"--python={python}: no such interpreter ({path} is not an executable "
+                                 "file); give the interpreter of the compute nodes, e.g. "
+                                 "--python=.venv/bin/python")
 
 
 def submit(path: str) -> str:
@@ -126,7 +203,8 @@ def define_flags() -> None:
     """The flags of ``python -m transformer_jax.slurm``; the arguments after ``--`` go to train.py."""
     flags.DEFINE_string("workdir", None, "The run's workdir (train.py --workdir); the script and Slurm's "
                         "log (slurm-<job>.out) go there. On a cluster: storage every node sees.")
-    flags.DEFINE_integer("ntasks", 1, "Processes (one per GPU or host); > 1 adds --multiprocess.")
+    flags.DEFINE_integer("ntasks", None, "Processes (one per GPU or host; default 1, or --nodes times "
+                         "--sbatch_option=--ntasks-per-node=N); > 1 adds --multiprocess.")
     flags.DEFINE_integer("nodes", None, "Nodes (default: as Slurm places the tasks).")
     flags.DEFINE_string("time", None, "Time limit of each attempt, as sbatch --time (e.g. 4:00:00).")
     flags.DEFINE_integer("signal_seconds", DEFAULT_SIGNAL_SECONDS,
@@ -142,7 +220,7 @@ def main(argv: list[str]) -> int:
     f = flags.FLAGS
     if not f.workdir:
         raise errors.ConfigError("--workdir is required: the run's workdir, on storage every node sees")
-    if f.ntasks < 1 or f.signal_seconds < 1:
+    if (f.ntasks is not None and f.ntasks < 1) or f.signal_seconds < 1:
         raise errors.ConfigError(f"--ntasks and --signal_seconds must be >= 1, got {f.ntasks} and "
                                  f"{f.signal_seconds}")
     train_args = argv[1:]
@@ -150,6 +228,8 @@ def main(argv: list[str]) -> int:
         raise errors.ConfigError("give the workdir as this command's --workdir, not after --")
     text = train_script(f.workdir, train_args, ntasks=f.ntasks, nodes=f.nodes, time=f.time,
                         signal_seconds=f.signal_seconds, sbatch_options=f.sbatch_option, python=f.python)
+    if f.submit:
+        check_interpreter(f.python)
     path = write_script(os.path.join(os.path.abspath(f.workdir), "train.sbatch"), text)
     if f.submit:
         print(f"Submitted {path}: job {submit(path)}")

@@ -116,6 +116,8 @@ def _run(command: str, f: flags.FlagValues) -> int:
     workdir = os.path.abspath(f.workdir or ("runs/table3" if f.grid == "table3" else "runs/sweep"))
     scale = (f.scale or "paper") if f.grid == "table3" else None
     config_arg = None if f.grid == "table3" else grid.command_config_arg(f.config)
+    if f.launcher == "slurm":
+        slurm.check_sbatch_path(workdir)  # before anything is written
     launchers.write_manifest(workdir, grid=f.grid, scale=scale, config_arg=config_arg, rows=rows, info=info)
     beam_size = f.beam_size or (1 if scale == "cpu" else paper.BEAM_SIZE)
     indices = list(range(len(rows)))  # the rows to run, by their index in the sweep

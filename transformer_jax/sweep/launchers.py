@@ -264,9 +264,10 @@ def launch_slurm(rows: Sequence[Row], workdir: str, argv_for_task: list[str], *,
     indices = list(range(len(rows))) if indices is None else list(indices)
     path = os.path.join(workdir, "sweep.sbatch")
     array = f"0-{len(rows) - 1}" if indices == list(range(len(rows))) else ",".join(map(str, indices))
-    header = [f"--job-name=sweep-{os.path.basename(os.path.normpath(workdir))}",
-              f"--array={array}", f"--output={os.path.join(workdir, 'slurm-%A_%a.out')}",
-              "--ntasks=1", *slurm_options]
+    slurm.check_sbatch_path(workdir)
+    header = [f"--job-name={slurm.sbatch_value('sweep-' + os.path.basename(os.path.normpath(workdir)))}",
+              f"--array={array}", slurm.output_option(workdir, "slurm-%A_%a.out"), "--ntasks=1",
+              *slurm_options]
     names = " ".join(shlex.quote(row.name) for row in rows)
     text = slurm.batch_script(
         header=header,
