@@ -79,3 +79,61 @@ def test_workdir_lock_takes_over_stale_lock(tmp_path, caplog):
         with WorkdirLock(str(tmp_path)):
             assert _lock_file(tmp_path)["pid"] == os.getpid()
     assert any("stale lock" in r.getMessage() and str(dead.pid) in r.getMessage() for r in caplog.records)
+
+
+def _lock_from_another_node(workdir, monkeypatch, **slurm) -> None:
+    """A ``.lock`` written under Slurm on node-a by a process that is gone (its flock with it); this process
+    runs on node-b."""
+    (workdir / ".lock").write_text(json.dumps({"pid": 4242, "hostname": "node-a", **slurm}))
+    monkeypatch.setattr(workdir_lock.socket, "gethostname", lambda: "node-b")
+
+
+def _fake_squeue(tmp_path, monkeypatch, state: str) -> None:
+    """``squeue`` on PATH that reports ``state`` for any job ("" for a job Slurm no longer knows)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    unknown = 'echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1'
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\n{f'echo {state}' if state else unknown}\n")
+    (bin_dir / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+
+
+def test_a_requeued_slurm_job_takes_over_its_earlier_attempts_lock(tmp_path, monkeypatch, caplog):
+    """A node failure or an overrun save leaves the lock naming the old node; the job's next attempt (same
+    job id, a higher restart count) on another node takes it over, with a message."""
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    _lock_from_another_node(workdir, monkeypatch, slurm_job_id="77", slurm_restart_count=0)
+    with caplog.at_level(logging.WARNING, logger=workdir_lock.__name__):
+        with WorkdirLock(str(workdir)):
+            assert _lock_file(workdir) | {"time": 0} == {
+                "pid": os.getpid(), "hostname": "node-b", "time": 0, "slurm_job_id": "77",
+                "slurm_restart_count": 1}
+    assert any("attempt 1 of Slurm job 77 on node-a" in r.getMessage() for r in caplog.records), caplog.text
+    # The same attempt on another node (or no Slurm record) cannot be checked: refused.
+    _lock_from_another_node(workdir, monkeypatch, slurm_job_id="77", slurm_restart_count=1)
+    with pytest.raises(RuntimeError, match="pid 4242 on node-a"):
+        WorkdirLock(str(workdir)).acquire()
+    monkeypatch.delenv("SLURM_JOB_ID")
+    _lock_from_another_node(workdir, monkeypatch, slurm_job_id="77", slurm_restart_count=0)
+    with pytest.raises(RuntimeError, match="another host"):
+        WorkdirLock(str(workdir)).acquire()
+
+
+@pytest.mark.parametrize("state, taken", [("", True), ("COMPLETED", True), ("PENDING", True),
+                                          ("RUNNING", False), ("COMPLETING", False)])
+def test_a_lock_of_another_slurm_job_is_taken_over_once_that_job_stopped(tmp_path, monkeypatch, state, taken):
+    """A resubmitted job (a new job id) asks Slurm whether the holder's job still runs."""
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    monkeypatch.setenv("SLURM_JOB_ID", "78")
+    _fake_squeue(tmp_path, monkeypatch, state)
+    _lock_from_another_node(workdir, monkeypatch, slurm_job_id="77", slurm_restart_count=0)
+    if taken:
+        with WorkdirLock(str(workdir)):
+            assert _lock_file(workdir)["slurm_job_id"] == "78"
+    else:
+        with pytest.raises(RuntimeError, match=rf"pid 4242 on node-a .*Slurm job 77 is {state}"):
+            WorkdirLock(str(workdir)).acquire()

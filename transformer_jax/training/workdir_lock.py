@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import socket
+import subprocess
 import time
 
 from transformer_jax.runtime.errors import WorkdirBusyError
@@ -25,6 +26,54 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+# Slurm job states in which the job's processes may still run (squeue's %T); any other state (PENDING,
+# REQUEUED, COMPLETED, CANCELLED, FAILED, TIMEOUT, NODE_FAIL, ...) means they are gone.
+_SLURM_LIVE_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING", "RESIZING",
+                      "STAGE_OUT")
+
+
+def _slurm_attempt() -> dict:
+    """This process's Slurm job id and restart count (``SLURM_JOB_ID``, ``SLURM_RESTART_COUNT``), or {}."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return {}
+    restarts = os.environ.get("SLURM_RESTART_COUNT", "0")
+    return {"slurm_job_id": job, "slurm_restart_count": int(restarts) if restarts.isdigit() else 0}
+
+
+def _slurm_job_state(job: str) -> str | None:
+    """Slurm's state of ``job`` ("" once Slurm no longer knows it), or None where squeue cannot say."""
+    try:
+        done = subprocess.run(["squeue", "--noheader", f"--jobs={job}", "--states=all", "--format=%T"],
+                              capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return "" if "invalid job id" in done.stderr.lower() else None
+    return done.stdout.strip().split("\n")[0].strip()
+
+
+def _other_host_holder(holder: dict) -> tuple[bool, str]:
+    """(whether a holder on another host is gone, why). Only Slurm can tell: an earlier attempt of this job
+    (same job id, a lower restart count; Slurm runs one attempt at a time) is gone, and so is a job Slurm
+    says no longer runs. Anything else is taken as alive."""
+    ours, job = _slurm_attempt(), holder.get("slurm_job_id")
+    restarts = holder.get("slurm_restart_count")
+    if not ours or not isinstance(job, str) or not isinstance(restarts, int):
+        return False, "on another host, so its liveness cannot be checked"
+    attempt = f"attempt {restarts + 1} of Slurm job {job} on {holder.get('hostname')}"
+    if job == ours["slurm_job_id"]:
+        if restarts < ours["slurm_restart_count"]:
+            return True, f"{attempt}, which this attempt replaced"
+        return False, f"on another host, in this attempt of Slurm job {job}"
+    state = _slurm_job_state(job)
+    if state is None:
+        return False, f"on another host; squeue could not say whether its Slurm job {job} still runs"
+    if state in _SLURM_LIVE_STATES:
+        return False, f"on another host; its Slurm job {job} is {state}"
+    return True, f"{attempt}, which Slurm reports {state or 'ended'}"
+
+
 class WorkdirLock:
     """Exclusive use of a workdir by one training run: ``with WorkdirLock(workdir): train(...)``.
 
@@ -32,7 +81,10 @@ class WorkdirLock:
     which the kernel drops when the process dies (even on ``kill -9``). A second run is refused with an error
     naming the holder's pid while the flock is held, or while the file names a live pid on this host (a holder
     that could not flock). A lock left by a dead process is taken over, with a log message. A holder on
-    another host whose flock is gone cannot be checked; that is refused too, naming the file to delete. In
+    another host whose flock is gone cannot be checked; that is refused too, naming the file to delete,
+    except under Slurm, where the file also names the holder's job and attempt: a lock of an earlier attempt
+    of this job (a requeue, after a node failure or a save that outlasted the time limit), or of a job that
+    Slurm says no longer runs, is taken over with a log message. In
     multi-host training pass ``enabled=(jax.process_index() == 0)``. A refusal is a ``WorkdirBusyError`` (a
     ``RuntimeError`` and a user error: train.py prints it in one line).
     """
@@ -88,13 +140,19 @@ class WorkdirLock:
             pid = holder.get("pid")
             if isinstance(pid, int) and pid != os.getpid():
                 if holder.get("hostname", hostname) != hostname:
-                    os.close(fd)
-                    raise self._refuse(holder, "on another host, so its liveness cannot be checked")
-                if _pid_alive(pid):
+                    gone, why = _other_host_holder(holder)
+                    if not gone:
+                        os.close(fd)
+                        raise self._refuse(holder, why)
+                    _log.warning("Taking over lock %s left by pid %d of %s", self.path, pid, why)
+                elif _pid_alive(pid):
                     os.close(fd)
                     raise self._refuse(holder, "the process is alive")
-                _log.warning("Taking over stale lock %s left by dead pid %d on %s", self.path, pid, hostname)
-            record = json.dumps({"pid": os.getpid(), "hostname": hostname, "time": time.time()})
+                else:
+                    _log.warning("Taking over stale lock %s left by dead pid %d on %s", self.path, pid,
+                                 hostname)
+            record = json.dumps({"pid": os.getpid(), "hostname": hostname, "time": time.time(),
+                                 **_slurm_attempt()})
             os.ftruncate(fd, 0)
             os.pwrite(fd, record.encode(), 0)
             os.fsync(fd)
