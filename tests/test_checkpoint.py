@@ -246,6 +246,24 @@ def test_damaged_latest_falls_back_to_previous(tmp_path, caplog, how):
     assert step == 3 and float(restored.params["w"][0, 0]) == 30.0
 
 
+def test_a_damaged_step_moved_aside_does_not_hold_back_the_saves_after_the_resumed_one(tmp_path, monkeypatch):
+    """Resumed from step 2 past a damaged step 3: step 3 is due again at once (every 3 steps), and a timed
+    save at step 2 + 1 (it never waits for the run to pass step 3)."""
+    save_steps(tmp_path / "a", [1, 2, 3])
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    _damage(str(tmp_path / "a" / "3"), "missing_metadata")
+    with new_checkpointer(tmp_path / "a", save_every_steps=3) as ckpt:
+        assert ckpt.restore(ABSTRACT)[3] == 2
+        assert ckpt.should_save(3)
+    _damage(str(tmp_path / "b" / "3"), "truncated_json")
+    clock = [100.0]
+    monkeypatch.setattr(ckpt_lib, "_now", lambda: clock[0])
+    with new_checkpointer(tmp_path / "b", save_every_minutes=1.0) as ckpt:
+        assert ckpt.restore(ABSTRACT)[3] == 2
+        clock[0] += 61.0
+        assert ckpt.should_save(3) and not ckpt.should_save(2)
+
+
 def test_explicitly_requested_damaged_step_raises(tmp_path):
     save_steps(tmp_path, [1, 2])
     _damage(str(tmp_path / "2"), "missing_metadata")

@@ -186,7 +186,9 @@ class Checkpointer:
         (state, data_state, config), step, damaged = self.reader.read_good_step(
             lambda s: self.reader.read_state(s, abstract_state), None, "abstract_state")
         self._quarantine(damaged)
-        self._last_saved_step = max(step, self._last_saved_step or step)
+        # The newest step still on disk: a damaged one moved aside no longer holds back the saves after
+        # ``step`` (one that could not be moved still exists, and orbax would not write it again).
+        self._last_saved_step = max([step, *self.reader.all_steps()])
         return state, data_state, config, step
 
     def _quarantine(self, steps: list[int]) -> None:
