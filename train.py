@@ -11,7 +11,7 @@ import os
 from absl import flags, logging
 
 from transformer_jax import run_config
-from transformer_jax.runtime import errors, sharding
+from transformer_jax.runtime import devices, errors, sharding
 from transformer_jax.training import loop
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "default.py")
@@ -28,6 +28,9 @@ def main(argv):
     if _MULTIPROCESS.value:
         sharding.initialize_multiprocess()
     logging.set_verbosity(logging.WARNING)
+    notice = devices.check_platform(_CONFIG.value.get("platform", "any"))  # before any work
+    if notice:
+        print(notice, flush=True)
     run = run_config.build_run_config(_CONFIG.value)  # every field and input file, checked once
     loop.train_and_evaluate(run, _WORKDIR.value)
 

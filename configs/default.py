@@ -90,6 +90,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.peak_tflops_per_device = 0.0  # MFU denominator; 0: measure this device's matmul peak at start-up
     config.profile_start_step = 0  # write a jax.profiler trace from this step (0: off)
     config.profile_num_steps = 5  # for this many steps
+    # The device train.py must find before it starts: "any" (the CPU too), "accelerator" (GPU or TPU),
+    # "gpu" or "tpu". Anything but "any" stops a run that JAX would silently put on the CPU.
+    config.platform = "any"
 
     # Sharding: a ('data', 'model') mesh; -1 fills the remaining devices.
     config.sharding = ml_collections.ConfigDict()

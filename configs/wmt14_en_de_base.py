@@ -39,4 +39,7 @@ def get_config():
     config.checkpoint_every_minutes = 10.0
     config.checkpoint_keep = 20  # enough to average the last 5 (base) or 20 (big)
     config.final_average_last = paper.AVERAGE_LAST["base"]
+    # 100k steps of 25k tokens: stop, in one line, rather than train on a CPU that JAX fell back to
+    # (--config.platform=any to run it here anyway, e.g. shrunk by overrides).
+    config.platform = "accelerator"
     return config

@@ -127,3 +127,17 @@ def test_user_error_becomes_two_lines_and_exit_1(monkeypatch, capsys):
     monkeypatch.setenv(errors.TRACEBACK_ENV, "1")
     with pytest.raises(errors.ConfigError):
         errors.short_errors(main)([])
+
+
+def test_asking_for_a_gpu_on_this_cpu_stops_train_before_any_work(tmp_path, commands):
+    result = commands.run("train.py", f"--workdir={tmp_path / 'w'}", "--config.platform=gpu")
+    line = _assert_short(result, "config.platform='gpu'", 'pip install -c constraints.txt -e ".[cuda12]"')
+    assert "only cpu devices" in line or "did not load" in line
+    assert not (tmp_path / "w").exists()
+
+
+def test_a_wmt_config_on_this_cpu_stops_at_the_device_before_reading_data(tmp_path, commands):
+    result = commands.run("train.py", "--config=configs/wmt14_en_de_base.py", f"--workdir={tmp_path / 'w'}",
+                          f"--config.data.tfds_data_dir={tmp_path / 'no_data'}")
+    _assert_short(result, "config.platform='accelerator'", '".[cuda12]"', '".[tpu]"')
+    assert not (tmp_path / "w").exists()

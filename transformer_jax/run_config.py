@@ -39,7 +39,7 @@ from transformer_jax.data.config import DataConfig
 from transformer_jax.data.sources import check_input_files
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.protocols import BLEU_PROTOCOLS
-from transformer_jax.runtime import errors, sharding
+from transformer_jax.runtime import devices, errors, sharding
 from transformer_jax.runtime.errors import ConfigError
 
 
@@ -67,6 +67,7 @@ class LoopConfig:
     peak_tflops_per_device: float  # 0: measure this device's matmul peak
     profile_start_step: int  # 0: off
     profile_num_steps: int
+    platform: str = "any"  # the device JAX must have found (runtime/devices.py); "any" takes the CPU too
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,6 +224,8 @@ def _check_loop(config: Mapping[str, Any]) -> None:
     _check_number(config, "peak_tflops_per_device", 0.0, hint="0 measures the device's matmul peak")
     _check_int(config, "profile_start_step", 0, "0 turns profiling off")
     _check_int(config, "profile_num_steps", 1)
+    _check_choice(config, "platform", devices.PLATFORMS,
+                  "'any' runs wherever JAX runs; 'accelerator' needs a GPU or a TPU")
     _check_choice(config, "final_eval_split", FINAL_EVAL_SPLITS,
                   "'' skips the final evaluation; the train split is never scored")
     _check_int(config, "final_beam_size", 1, "1 is greedy search")
