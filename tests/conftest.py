@@ -12,6 +12,8 @@ workers inherit it) and removes it when it ends. It holds:
   cached, not only those over JAX's default 1 s: the tiny test models compile in well under a second, and
   many tests build the same ones (single eager operations stay out). A ``JAX_COMPILATION_CACHE_DIR`` set by
   the user wins.
+- ``data_cache/``: the data cache (``TRANSFORMER_JAX_CACHE``) of every run whose config sets no
+  ``data.cache_dir``, so that no test reads or writes the user's.
 - ``trained/``: the one trained tiny workdir (``tiny.TRAINED``) of the ``trained_run`` fixture, built once
   per run and read by every test that only reads a trained run. Where the collected tests use it, a
   background process starts building it right after collection, so that no test process waits idle for it
@@ -30,6 +32,7 @@ RUN_DIR_VARIABLE = "TRANSFORMER_JAX_TEST_RUN"
 if RUN_DIR_VARIABLE not in os.environ:
     _RUN_DIR = tempfile.mkdtemp(prefix="transformer_jax_test_run_")
     os.environ[RUN_DIR_VARIABLE] = _RUN_DIR
+    os.environ["TRANSFORMER_JAX_CACHE"] = os.path.join(_RUN_DIR, "data_cache")  # never the user's
     if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
         os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(_RUN_DIR, "xla")
         os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")

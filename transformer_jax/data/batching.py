@@ -55,14 +55,17 @@ _ENCODE_CHUNK = 65536
 
 @dataclasses.dataclass(frozen=True)
 class TokenizedSplit:
-    """A split's token ids, EOS appended, concatenated per side.
+    """A split's token ids, EOS appended, concatenated per side; optionally a subset of its examples.
 
-    Example i's source ids are `src_ids[src_offsets[i]:src_offsets[i+1]]`.
+    Stored example j's source ids are `src_ids[src_offsets[j]:src_offsets[j+1]]`; example i of the split
+    is stored example `kept[i]` (or i when `kept` is None), so `select` leaves the ids where they are
+    (they may be a memory map of the data cache, `corpus_cache`).
 
     Attributes:
-      src_ids, tgt_ids: int32[total_tokens]
-      src_offsets, tgt_offsets: int64[num_examples + 1]
+      src_ids, tgt_ids: int32 or uint16[total_tokens]
+      src_offsets, tgt_offsets: int64[num_stored + 1]
       num_empty: pairs left out because a side had no tokens.
+      kept: int64[num_examples], the stored examples of this split in order, or None for all of them.
     """
 
     src_ids: np.ndarray
@@ -70,31 +73,34 @@ class TokenizedSplit:
     tgt_ids: np.ndarray
     tgt_offsets: np.ndarray
     num_empty: int = 0
+    kept: np.ndarray | None = None
 
     def __len__(self) -> int:
-        return len(self.src_offsets) - 1
+        return len(self.src_offsets) - 1 if self.kept is None else len(self.kept)
+
+    def _lengths(self, offsets: np.ndarray) -> np.ndarray:
+        lengths = np.diff(offsets)
+        return lengths if self.kept is None else lengths[self.kept]
 
     @property
     def src_lengths(self) -> np.ndarray:
         """int64[num_examples], EOS included."""
-        return np.diff(self.src_offsets)
+        return self._lengths(self.src_offsets)
 
     @property
     def tgt_lengths(self) -> np.ndarray:
-        return np.diff(self.tgt_offsets)
+        return self._lengths(self.tgt_offsets)
 
     def select(self, keep: np.ndarray) -> TokenizedSplit:
-        """The examples where bool[num_examples] `keep` is True."""
-        src_ids, src_offsets = _select(self.src_ids, self.src_offsets, keep)
-        tgt_ids, tgt_offsets = _select(self.tgt_ids, self.tgt_offsets, keep)
-        return TokenizedSplit(src_ids, src_offsets, tgt_ids, tgt_offsets, self.num_empty)
+        """The examples where bool[num_examples] `keep` is True (the ids are shared, not copied)."""
+        chosen = np.flatnonzero(keep)
+        return dataclasses.replace(self, kept=chosen if self.kept is None else self.kept[chosen])
 
-
-def _select(ids: np.ndarray, offsets: np.ndarray, keep: np.ndarray):
-    lengths = np.diff(offsets)
-    token_keep = np.repeat(keep, lengths)
-    new_offsets = np.concatenate([[0], np.cumsum(lengths[keep])]).astype(np.int64)
-    return ids[token_keep], new_offsets
+    def gather(self, side: str, rows: np.ndarray, length: int) -> np.ndarray:
+        """int32[len(rows), length]: examples `rows` (-1: an all-PAD row) of `side` ('src', 'tgt'), padded."""
+        if self.kept is not None:
+            rows = np.where(rows >= 0, self.kept[np.maximum(rows, 0)], -1)
+        return gather_padded(getattr(self, f"{side}_ids"), getattr(self, f"{side}_offsets"), rows, length)
 
 
 def concat_with_eos(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -110,8 +116,21 @@ def concat_with_eos(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     return ids, offsets
 
 
-def _mostly_unk(ids: list[int]) -> bool:
-    return len(ids) > 0 and 2 * ids.count(UNK_ID) >= len(ids)  # runs of unknown characters: one <unk>
+def mostly_unknown(ids: list[int]) -> bool:
+    """Whether at least half of ``ids`` are <unk> (a run of unknown characters is one <unk>)."""
+    return len(ids) > 0 and 2 * ids.count(UNK_ID) >= len(ids)
+
+
+def unknown_pairs_warning(unknown: Sequence[int], num_pairs: int, named: str) -> str:
+    """The warning for ``unknown`` pairs of ``num_pairs`` that are mostly <unk>; ``named`` names the first."""
+    return (f"{len(unknown)} of {num_pairs} pairs are mostly <unk> pieces on a side ({named}"
+            f"{', ...' if len(unknown) > 5 else ''}): characters the tokenizer does not know (binary data, "
+            "another script, NUL bytes, a line too long to train on)")
+
+
+def empty_pairs_warning(num_empty: int, num_pairs: int) -> str:
+    """The warning for ``num_empty`` of ``num_pairs`` pairs left out with no tokens on a side."""
+    return f"Left out {num_empty} of {num_pairs} pairs with no tokens on one side"
 
 
 def tokenize_pairs(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, *,
@@ -129,7 +148,7 @@ def tokenize_pairs(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, *,
         src = tokenizer.encode_text([s for s, _ in chunk], side="source")
         tgt = tokenizer.encode_text([t for _, t in chunk], side="target")
         unknown += [start + i for i, (s, t) in enumerate(zip(src, tgt, strict=True))
-                    if _mostly_unk(s) or _mostly_unk(t)]
+                    if mostly_unknown(s) or mostly_unknown(t)]
         keep = [i for i, (s, t) in enumerate(zip(src, tgt, strict=True)) if s and t]
         if len(keep) < len(src):
             num_empty += len(src) - len(keep)
@@ -137,13 +156,10 @@ def tokenize_pairs(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, *,
         src_parts.append(concat_with_eos(src))
         tgt_parts.append(concat_with_eos(tgt))
     if num_empty:  # a warning, not info: train.py shows warnings
-        logging.warning("Left out %d of %d pairs with no tokens on one side", num_empty, len(pairs))
+        logging.warning("%s", empty_pairs_warning(num_empty, len(pairs)))
     if unknown:
         named = where(unknown[:5]) if where else "pairs " + ", ".join(str(i) for i in unknown[:5])
-        logging.warning(
-            "%d of %d pairs are mostly <unk> pieces on a side (%s%s): characters the tokenizer does not "
-            "know (binary data, another script, NUL bytes, a line too long to train on)", len(unknown),
-            len(pairs), named, ", ..." if len(unknown) > 5 else "")
+        logging.warning("%s", unknown_pairs_warning(unknown, len(pairs), named))
     return TokenizedSplit(*_join(src_parts), *_join(tgt_parts), num_empty=num_empty)
 
 
@@ -308,8 +324,8 @@ class TrainIterator:
         rows = rows[self.process_index * local : (self.process_index + 1) * local]
         _, source_length, length = self._shape(group)
         batch = {
-            "inputs": gather_padded(self._data.src_ids, self._data.src_offsets, rows, source_length),
-            "targets": gather_padded(self._data.tgt_ids, self._data.tgt_offsets, rows, length),
+            "inputs": self._data.gather("src", rows, source_length),
+            "targets": self._data.gather("tgt", rows, length),
         }
         self._step += 1
         if self._step == len(self._plan):
@@ -364,16 +380,25 @@ def make_train_iterator(
     process_index: int = 0,
     process_count: int = 1,
     batch_multiple: int = 1,
+    cache_fallback: str | None = None,
 ) -> TrainIterator:
-    """Tokenizes the train split once and returns an infinite `TrainIterator`.
+    """An infinite `TrainIterator` over the train split, tokenized once.
 
-    Pairs longer than data_config.max_len tokens on either side (EOS included) are dropped;
-    the count is logged and kept as `num_dropped`.
+    The file-backed translation sources ('text', 'tfds') are read from the data cache, encoded there once
+    per content (`corpus_cache.open_train_split`; `cache_fallback`, e.g. the workdir, is used when the
+    cache root cannot be written); the others are tokenized in memory. Pairs longer than
+    data_config.max_len tokens on either side (EOS included) are dropped; the count is logged and kept as
+    `num_dropped`.
     """
+    from transformer_jax.data import corpus_cache  # it imports this module
+
     validate_data_config(data_config)
     _check_sharding(process_index, process_count, batch_multiple)
-    source = get_source(data_config)
-    data = tokenize_pairs(source.pairs("train"), tokenizer, where=_describe_pairs(source, "train"))
+    if corpus_cache.is_cached(data_config):
+        data = corpus_cache.open_train_split(data_config, tokenizer, fallback=cache_fallback)
+    else:
+        source = get_source(data_config)
+        data = tokenize_pairs(source.pairs("train"), tokenizer, where=_describe_pairs(source, "train"))
     fits = np.maximum(data.src_lengths, data.tgt_lengths) <= data_config.max_len
     num_dropped = int(len(data) - fits.sum())
     if num_dropped:  # a warning, not info: train.py shows warnings

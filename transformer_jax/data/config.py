@@ -45,6 +45,10 @@ Fields (all read by attribute access):
                             with one constituent swapped for another of the same label
                             (data/tree_augment.py); 0 trains on the treebank as it is
 
+    cache_dir               text, tfds: the data cache, where the shared tokenizer and the encoded train
+                            split are built once and mapped by every later run (data/corpus_cache.py);
+                            '' means $TRANSFORMER_JAX_CACHE, else ~/.cache/transformer_jax
+
 Optional (defaults apply when absent):
 
     character_coverage      SentencePiece character coverage, default 1.0 (every character);
@@ -140,6 +144,7 @@ class DataConfig:
     tree_leaves: str = "tags"
     tree_augment_copies: int = 0
     character_coverage: float = 1.0
+    cache_dir: str = ""
 
     @classmethod
     def from_mapping(cls, fields: Mapping[str, Any]) -> DataConfig:
@@ -218,6 +223,9 @@ def validate_data_config(cfg: Any) -> None:
     coverage = getattr(cfg, "character_coverage", 1.0)
     if not isinstance(coverage, int | float) or not 0.9 <= coverage <= 1.0:
         raise ConfigError(f"data_config.character_coverage must be in [0.9, 1], got {coverage!r}")
+    if not isinstance(getattr(cfg, "cache_dir", ""), str):
+        raise ConfigError(f"data_config.cache_dir must be a folder path (str; '' for the default), got "
+                          f"{cfg.cache_dir!r}")
     text_form = getattr(cfg, "text_form", "raw")
     if text_form not in TEXT_FORMS:
         raise ConfigError(f"data_config.text_form must be one of {TEXT_FORMS}, got {text_form!r}")

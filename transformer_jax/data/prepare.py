@@ -1,9 +1,15 @@
-"""Download a data set's raw files into a folder, checked and ready for the text source.
+"""Download a data set's raw files into a folder, checked and ready for the text source; or build a
+config's data cache ahead of training.
 
     python -m transformer_jax.data.prepare multi30k --dir=data/multi30k
     python train.py --config=configs/multi30k.py --config.data.dir=data/multi30k
     python -m transformer_jax.data.prepare ptb_sample --dir=data/ptb_sample
     python train.py --config=configs/ptb_sample.py --config.data.dir=data/ptb_sample
+    python -m transformer_jax.data.prepare cache --config=configs/wmt14_en_de_base.py [--config.data.x=y]
+
+``cache`` trains the config's shared tokenizer and encodes its train split into the data cache
+(``data/corpus_cache.py``), as the first ``train.py`` on that data would; run it on a login node before
+submitting, and every run on the same data then starts in seconds. It prints where the entries are.
 
 ``multi30k`` fetches Multi30k task 1 (train, val, test2016; English and German) from the dataset's public
 GitHub repository, the gzipped raw files under ``MULTI30K_BASE_URL``, and installs ``train.{en,de}``,
@@ -43,6 +49,7 @@ import zipfile
 import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from absl import flags
 
@@ -346,8 +353,31 @@ _TIMEOUT = flags.DEFINE_float("timeout", 10.0, "Seconds to wait for a connection
                               "giving up (no retries; rerun to resume).")
 
 
+def prepare_cache(config: Any) -> tuple[Path, int]:
+    """Builds (or finds) the data cache of a run config: (the cache root, the train pairs it holds)."""
+    from transformer_jax import run_config
+    from transformer_jax.data import corpus_cache, disk_cache, sources, tokenizer
+
+    run = run_config.build_run_config(config, environment=False)
+    if not corpus_cache.is_cached(run.data):
+        raise errors.ConfigError(f"config.data.source={run.data.source!r} is built in memory at start-up; "
+                                 f"only the sources {corpus_cache.CACHED_SOURCES} have a data cache")
+    sources.check_input_files(run.data, ("train",))
+    proto = corpus_cache.shared_tokenizer(run.data)
+    split = corpus_cache.open_train_split(run.data, tokenizer.Tokenizer(proto))
+    return disk_cache.cache_root(run.data.cache_dir), len(split)
+
+
 def main(argv: Sequence[str]) -> None:
-    usage = f"usage: python -m transformer_jax.data.prepare {{{','.join(sorted(DATASETS))}}} --dir=DIR"
+    usage = (f"usage: python -m transformer_jax.data.prepare {{{','.join(sorted(DATASETS))}}} --dir=DIR, or "
+             "prepare cache --config=CONFIG")
+    if len(argv) == 2 and argv[1] == "cache":
+        config = flags.FLAGS["config"].value if "config" in flags.FLAGS else None
+        if config is None:
+            raise errors.ConfigError(f"prepare cache needs --config=CONFIG (a configs/*.py file); {usage}")
+        root, num_pairs = prepare_cache(config)
+        print(f"Data cache ready in {root}: the tokenizer and {num_pairs:,} encoded train pairs")
+        return
     if len(argv) != 2:
         raise errors.ConfigError(f"expected one data set name, got {list(argv[1:]) or 'none'}; {usage}")
     if not _DIR.value:
@@ -360,4 +390,8 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
+    from transformer_jax import run_config
+
+    run_config.define_config_file("config", None, "With `cache`: the run config whose data to prepare.",
+                                  lock_config=True)
     errors.run_main(main, takes_args=True)  # the data set name

@@ -123,10 +123,7 @@ def _read_parallel(
         warn_suspicious_lines(path, lines)
     blank = [i + 1 for i, (s, t) in enumerate(zip(src, tgt, strict=True)) if not (s and t)]
     if blank:  # a warning, not info: train.py and evaluate.py show warnings
-        logging.warning(
-            "%s / %s: skipped %d of %d pairs with an empty side (lines %s)", src_path, tgt_path,
-            len(blank), len(src), ", ".join(map(str, blank[:5])) + (", ..." if len(blank) > 5 else ""),
-        )
+        logging.warning("%s", blank_pairs_warning(f"{src_path} / {tgt_path}", blank, len(src)))
     if len(blank) == len(src):
         raise DataError(f"{src_path} / {tgt_path}: no pair has both sides non-empty")
     lines = [i + 1 for i, (s, t) in enumerate(zip(src, tgt, strict=True)) if s and t]
@@ -138,8 +135,30 @@ def _read_parallel(
 LONG_LINE_BYTES = 1 << 16
 
 
-def _first_lines(numbers: list[int]) -> str:
+def first_lines(numbers: Sequence[int]) -> str:
+    """The first five of ``numbers``, comma-separated, and '...' if there are more."""
     return ", ".join(map(str, numbers[:5])) + (", ..." if len(numbers) > 5 else "")
+
+
+def suspicious_lines(lines: Sequence[str], first: int = 1) -> dict[str, list[int]]:
+    """Line numbers (counted from ``first``) of the lines holding a NUL byte ('nul') and of those too long
+    for the tokenizer to train on ('long')."""
+    return {"nul": [first + i for i, line in enumerate(lines) if "\0" in line],
+            "long": [first + i for i, line in enumerate(lines) if len(line) * 4 > LONG_LINE_BYTES
+                     and len(line.encode("utf-8")) > LONG_LINE_BYTES]}
+
+
+def suspicious_line_warnings(path: Path | str, found: dict[str, list[int]], num_lines: int) -> list[str]:
+    """The warnings for ``suspicious_lines``'s ``found`` in ``path`` of ``num_lines`` lines."""
+    warnings = []
+    if found["nul"]:
+        warnings.append(f"{path}: {len(found['nul'])} of {num_lines} lines hold a NUL byte (lines "
+                        f"{first_lines(found['nul'])}); binary data or a broken conversion? It becomes <unk>")
+    if found["long"]:
+        warnings.append(f"{path}: {len(found['long'])} of {num_lines} lines are longer than "
+                        f"{LONG_LINE_BYTES} bytes (lines {first_lines(found['long'])}); the tokenizer does "
+                        "not train on them and they may become <unk> pieces")
+    return warnings
 
 
 def warn_suspicious_lines(path: Path, lines: Sequence[str]) -> dict[str, list[int]]:
@@ -149,18 +168,16 @@ def warn_suspicious_lines(path: Path, lines: Sequence[str]) -> dict[str, list[in
     is a character of the text as far as the file says, but it usually means binary data or a broken
     conversion, and it becomes an <unk> piece.
     """
-    found = {"nul": [i + 1 for i, line in enumerate(lines) if "\0" in line],
-             "long": [i + 1 for i, line in enumerate(lines) if len(line) * 4 > LONG_LINE_BYTES
-                      and len(line.encode("utf-8")) > LONG_LINE_BYTES]}
-    if found["nul"]:
-        logging.warning("%s: %d of %d lines hold a NUL byte (lines %s); binary data or a broken "
-                        "conversion? It becomes <unk>", path, len(found["nul"]), len(lines),
-                        _first_lines(found["nul"]))
-    if found["long"]:
-        logging.warning("%s: %d of %d lines are longer than %d bytes (lines %s); the tokenizer does not "
-                        "train on them and they may become <unk> pieces", path, len(found["long"]),
-                        len(lines), LONG_LINE_BYTES, _first_lines(found["long"]))
+    found = suspicious_lines(lines)
+    for warning in suspicious_line_warnings(path, found, len(lines)):
+        logging.warning("%s", warning)
     return found
+
+
+def blank_pairs_warning(where: str, blank: Sequence[int], num_pairs: int) -> str:
+    """The warning for the pairs at 1-based lines ``blank`` skipped for an empty side."""
+    return (f"{where}: skipped {len(blank)} of {num_pairs} pairs with an empty side (lines "
+            f"{first_lines(blank)})")
 
 
 def read_parallel(src_path: str | Path, tgt_path: str | Path) -> list[tuple[str, str]]:
@@ -297,7 +314,7 @@ class TfdsSource:
         self._builder: Any = None
         self._cache: dict[str, Sequence[tuple[str, str]]] = {}
 
-    def _prepared_builder(self) -> Any:
+    def prepared_builder(self) -> Any:
         if self._builder is not None:
             return self._builder
         # tensorflow_datasets is heavy and only the tfds source needs it: imported on first use.
@@ -329,7 +346,7 @@ class TfdsSource:
         _check_split(split)
         if split in self._cache:
             return self._cache[split]
-        builder = self._prepared_builder()
+        builder = self.prepared_builder()
         features = set(builder.info.features.keys())
         for lang in (self.src_lang, self.tgt_lang):
             if lang not in features:

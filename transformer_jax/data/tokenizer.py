@@ -45,7 +45,7 @@ from transformer_jax.runtime.errors import ConfigError
 # (e.g. 0.9999) keeps stray symbols from taking vocabulary slots.
 CHARACTER_COVERAGE = 1.0
 # Seed for choosing which train pairs feed SentencePiece when the split exceeds the cap.
-_SUBSAMPLE_SEED = 0
+SAMPLE_SEED = 0
 # Sentences put through the text form at a time while the vocabulary's corpus is gathered.
 _PREPARE_CHUNK = 10_000
 
@@ -60,6 +60,7 @@ class Tokenizer:
       vocab_size: number of ids, including the 4 special ids.
       num_threads: threads for `encode_batch` (-1: all cores).
       model_path: the .model file this tokenizer was loaded from (None if from bytes).
+      model_proto: the serialized model (bytes).
       sha256: the hex SHA-256 of the serialized model; checkpoints record it (the ids depend on it).
       bracket_ids: {id: token} of the user-defined bracket symbols (`(NP`, `)NP`); empty unless the
         model was trained for parsing with the words as leaves.
@@ -78,6 +79,7 @@ class Tokenizer:
                 f"={ids}, expected {(PAD_ID, EOS_ID, UNK_ID, BOS_ID)}; delete it to retrain"
             )
         self.vocab_size: int = self._sp.get_piece_size()
+        self.model_proto = model_proto
         self.sha256 = hashlib.sha256(model_proto).hexdigest()
         self.num_threads = num_threads
         self.model_path = model_path
@@ -166,7 +168,7 @@ def _training_sentences(data_config: Any) -> Iterable[str]:
     n = len(pairs)
     cap = data_config.tokenizer_train_examples
     if n > cap:
-        rng = np.random.default_rng(_SUBSAMPLE_SEED)
+        rng = np.random.default_rng(SAMPLE_SEED)
         indices = np.sort(rng.choice(n, size=cap, replace=False)).tolist()
     else:
         indices = range(n)
@@ -279,11 +281,14 @@ def tokenizer_file(workdir: str | os.PathLike) -> Path:
 
 
 def load_or_train_tokenizer(data_config: Any, workdir: str | None) -> Tokenizer:
-    """Loads `{workdir}/tokenizer/spm.model`, or trains and caches it.
+    """Loads `{workdir}/tokenizer/spm.model`, or trains it and keeps it there.
 
     Trains a shared SentencePiece model (type `data_config.vocab_type`, size
     `data_config.vocab_size`) on the train split's source and target sentences, at most
-    `data_config.tokenizer_train_examples` pairs. `workdir=None` uses a fresh temporary folder.
+    `data_config.tokenizer_train_examples` pairs. For the file-backed translation sources ('text',
+    'tfds') the model comes from the data cache (`corpus_cache.shared_tokenizer`: trained once per data
+    and settings, shared by every run on them) and the workdir keeps a copy, so that evaluation,
+    translation and export need only the workdir. `workdir=None` uses a fresh temporary folder.
 
     With several processes sharing one workdir, let process 0 call this first (or give each
     process the same prepared model): the write is atomic, but the processes would train in
@@ -308,18 +313,21 @@ def load_or_train_tokenizer(data_config: Any, workdir: str | None) -> Tokenizer:
             )
         logging.info("Loaded tokenizer %s (vocab_size=%d)", path, tokenizer.vocab_size)
         return tokenizer
-    logging.info(
-        "Training %s tokenizer, vocab_size=%d", data_config.vocab_type, data_config.vocab_size
-    )
-    sentences = list(_training_sentences(data_config))
-    check_vocab_size(data_config, sentences)
-    proto = train_tokenizer(
-        sentences,
-        vocab_size=data_config.vocab_size,
-        vocab_type=data_config.vocab_type,
-        character_coverage=getattr(data_config, "character_coverage", CHARACTER_COVERAGE),
-        user_defined_symbols=_user_symbols(data_config),
-    )
+    from transformer_jax.data import corpus_cache  # it imports this module (through batching)
+
+    if corpus_cache.is_cached(data_config):
+        proto = corpus_cache.shared_tokenizer(data_config, fallback=workdir)
+    else:
+        logging.info("Training %s tokenizer, vocab_size=%d", data_config.vocab_type, data_config.vocab_size)
+        sentences = list(_training_sentences(data_config))
+        check_vocab_size(data_config, sentences)
+        proto = train_tokenizer(
+            sentences,
+            vocab_size=data_config.vocab_size,
+            vocab_type=data_config.vocab_type,
+            character_coverage=getattr(data_config, "character_coverage", CHARACTER_COVERAGE),
+            user_defined_symbols=_user_symbols(data_config),
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"spm.model.tmp{os.getpid()}")
     tmp.write_bytes(proto)

@@ -1,0 +1,499 @@
+"""A translation corpus's train split, encoded once into token ids on disk and mapped by every run.
+
+For the file-backed translation sources ('text' and 'tfds'), the shared tokenizer and the encoded train
+split are entries of the data cache (``disk_cache``):
+
+    tokenizers/<key>/spm.model                      the SentencePiece model (``tokenizer.shared_tokenizer``)
+    encoded/<key>/src.ids, tgt.ids                  every kept pair's token ids then EOS, concatenated:
+                                                    uint16 when the vocabulary fits, else int32 (raw)
+    encoded/<key>/src.offsets.npy, tgt.offsets.npy  int64[num_pairs + 1]: pair i is ids[off[i]:off[i+1]]
+    <kind>/<key>/manifest.json                      sizes and SHA-256 of the files; counts and lines left out
+
+``open_train_split`` maps the ids (``np.memmap``: their pages are shared by every process on the host
+through the page cache) and returns a ``TokenizedSplit`` equal, id for id, to encoding the pairs in memory
+with ``batching.tokenize_pairs``; so are the batches a ``TrainIterator`` draws from it.
+
+A build streams the corpus in chunks of ``CHUNK_PAIRS`` rows through a pool of worker processes, one per
+core, each reading its own rows of the files, normalising them, putting them through the text form and
+encoding them; a progress bar on stderr shows each phase with its pairs per second. The build runs in a
+child process, so the run that builds keeps none of its memory; a text corpus under ``SMALL_BYTES``
+(Multi30k's is 4 MB) is built in the calling process, where starting processes would cost more.
+Phases: 'scan' (which pairs are non-empty; only when a tokenizer is trained on a sample of a text split),
+'tokenizer sample', 'tokenizer training' and 'encoding'.
+
+An entry's key is the SHA-256 of what decides its content: the train files' SHA-256 (text) or the TFDS
+dataset's name, version and files (tfds); the languages; the text form; for the encoded split the
+tokenizer's SHA-256, for the tokenizer its settings; and ``FORMAT``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import multiprocessing
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from transformer_jax.data import disk_cache
+from transformer_jax.data.batching import (
+    TokenizedSplit,
+    concat_with_eos,
+    empty_pairs_warning,
+    mostly_unknown,
+    unknown_pairs_warning,
+)
+from transformer_jax.data.sources import (
+    TfdsSource,
+    blank_pairs_warning,
+    get_source,
+    normalize_whitespace,
+    suspicious_line_warnings,
+    suspicious_lines,
+)
+from transformer_jax.data.text_form import TextForm, text_form_of
+from transformer_jax.runtime.errors import DataError, MissingFileError
+
+FORMAT = 1  # bump when the files or their content change; older entries are then not read
+CACHED_SOURCES = ("text", "tfds")  # the others are generated or small, and tokenized in memory
+CHUNK_PAIRS = 50_000  # rows a worker reads, prepares and encodes at a time
+SMALL_BYTES = 32 << 20  # a text corpus smaller than this is built in the process that needs it
+_INDEX_BLOCK = 1 << 24  # bytes read at a time while finding line starts
+
+
+def is_cached(data_config: Any) -> bool:
+    """Whether the data config's train split and tokenizer go through the data cache."""
+    return data_config.source in CACHED_SOURCES
+
+
+# ----------------------------------------------------------------------------- corpora
+
+
+def line_starts(path: Path) -> np.ndarray:
+    """int64[num_lines + 1]: the byte offset where each line of ``path`` starts, then the file's size.
+
+    Lines are split at b'\\n' only, as ``sources.read_lines`` splits them; a final newline ends the
+    last line rather than starting an empty one.
+    """
+    parts = [np.zeros(1, np.int64)]
+    with open(path, "rb") as f:
+        position = 0
+        while block := f.read(_INDEX_BLOCK):
+            parts.append(np.flatnonzero(np.frombuffer(block, np.uint8) == 10).astype(np.int64) + position + 1)
+            position += len(block)
+    starts = np.concatenate(parts)
+    return starts if starts[-1] == position else np.append(starts, position)
+
+
+@dataclasses.dataclass(frozen=True)
+class TextCorpus:
+    """Two line-aligned files read by row ranges; pairs with an empty side are skipped (as ``TextSource``).
+
+    ``indexed()`` finds the lines (``src_starts``, ``tgt_starts``: ``line_starts``), which only a build needs.
+    """
+
+    src_path: Path
+    tgt_path: Path
+    src_starts: np.ndarray | None = None
+    tgt_starts: np.ndarray | None = None
+    skips_blank = True
+
+    def indexed(self) -> TextCorpus:
+        """This corpus with its lines found; DataError if a file is empty or the line counts differ."""
+        for path, other in ((self.src_path, self.tgt_path), (self.tgt_path, self.src_path)):
+            expected = f"expected the train split, one sentence per line, line-aligned with {other}"
+            if not path.is_file():
+                raise MissingFileError(f"{path}: no such file; {expected}")
+            if path.stat().st_size == 0:
+                raise DataError(f"{path}: file is empty; {expected}")
+        src_starts, tgt_starts = line_starts(self.src_path), line_starts(self.tgt_path)
+        if len(src_starts) != len(tgt_starts):
+            raise DataError(f"line counts differ: {self.src_path} has {len(src_starts) - 1} lines, "
+                            f"{self.tgt_path} has {len(tgt_starts) - 1} lines; the files must be "
+                            "line-aligned")
+        return dataclasses.replace(self, src_starts=src_starts, tgt_starts=tgt_starts)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.src_starts) - 1
+
+    def describe(self) -> str:
+        return f"{self.src_path} / {self.tgt_path}"
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"source": "text", "src_sha256": disk_cache.file_sha256(self.src_path),
+                "tgt_sha256": disk_cache.file_sha256(self.tgt_path)}
+
+    def _lines(self, path: Path, starts: np.ndarray, start: int, stop: int) -> list[str]:
+        with open(path, "rb") as f:
+            f.seek(int(starts[start]))
+            data = f.read(int(starts[stop] - starts[start]))
+        try:
+            text = data.decode("utf-8-sig" if start == 0 else "utf-8")  # a byte-order mark is not text
+        except UnicodeDecodeError as e:
+            line = start + data.count(b"\n", 0, e.start) + 1
+            raise DataError(f"{path}:{line}: invalid UTF-8 ({e.reason} at byte {starts[start] + e.start}); "
+                            "expected the train split, one sentence per line") from None
+        lines = text.split("\n")  # not splitlines(): U+2028, U+0085 etc. are characters of a line
+        if len(lines) > stop - start:
+            lines.pop()  # the final newline's empty remainder
+        return lines
+
+    def read(self, start: int, stop: int) -> tuple[list[str], list[str], dict[str, list[int]]]:
+        """Rows [start, stop), normalised: (sources, targets, {'nul_src': [1-based lines], ...})."""
+        src = self._lines(self.src_path, self.src_starts, start, stop)
+        tgt = self._lines(self.tgt_path, self.tgt_starts, start, stop)
+        found = {f"{kind}_{side}": numbers for side, lines in (("src", src), ("tgt", tgt))
+                 for kind, numbers in suspicious_lines(lines, first=start + 1).items()}
+        return [normalize_whitespace(s) for s in src], [normalize_whitespace(t) for t in tgt], found
+
+
+@dataclasses.dataclass(frozen=True)
+class TfdsCorpus:
+    """A TFDS translation dataset's train split, read by index ranges; empty sides are dropped at encoding."""
+
+    name: str
+    data_dir: str | None
+    src_lang: str
+    tgt_lang: str
+    num_rows: int = 0  # set by indexed()
+    skips_blank = False
+
+    def _source(self) -> TfdsSource:
+        return TfdsSource(self.name, data_dir=self.data_dir, src_lang=self.src_lang, tgt_lang=self.tgt_lang,
+                          split_names={"train": "train"})
+
+    def indexed(self) -> TfdsCorpus:
+        return dataclasses.replace(self, num_rows=len(self._source().pairs("train")))
+
+    def describe(self) -> str:
+        return f"TFDS {self.name} train"
+
+    def fingerprint(self) -> dict[str, Any]:
+        info = self._source().prepared_builder().info
+        files = sorted((os.path.basename(f), os.path.getsize(f)) for f in info.splits["train"].filepaths)
+        return {"source": "tfds", "name": info.full_name, "files": files}
+
+    def read(self, start: int, stop: int) -> tuple[list[str], list[str], dict[str, list[int]]]:
+        if "tfds_pairs" not in _worker_state:  # opened once per worker process
+            _worker_state["tfds_pairs"] = self._source().pairs("train")
+        pairs = _worker_state["tfds_pairs"][start:stop]
+        return [s for s, _ in pairs], [t for _, t in pairs], {}
+
+
+def open_corpus(data_config: Any) -> TextCorpus | TfdsCorpus:
+    """The train split of a cached source, named but not read (``indexed()`` reads it)."""
+    if data_config.source == "text":
+        return TextCorpus(*get_source(data_config).paths("train"))
+    return TfdsCorpus(data_config.tfds_name, data_config.tfds_data_dir or None, data_config.src_lang,
+                      data_config.tgt_lang)
+
+
+# ----------------------------------------------------------------------------- worker processes
+
+_worker_state: dict[str, Any] = {}
+
+
+def _init_worker(corpus: TextCorpus | TfdsCorpus, form: TextForm, tokenizer_proto: bytes | None) -> None:
+    from transformer_jax.data.tokenizer import Tokenizer
+
+    _worker_state.update(corpus=corpus, form=form)
+    if tokenizer_proto is not None:
+        _worker_state["tokenizer"] = Tokenizer(tokenizer_proto, num_threads=1, text_form=form)
+
+
+def _kept_rows(src: list[str], tgt: list[str]) -> list[int]:
+    """The rows a source keeps: text sources skip a pair with an empty side, TFDS drops it at encoding."""
+    if not _worker_state["corpus"].skips_blank:
+        return list(range(len(src)))
+    return [i for i, (s, t) in enumerate(zip(src, tgt, strict=True)) if s and t]
+
+
+def _scan_rows(span: tuple[int, int]) -> np.ndarray:
+    """int64 indices of the kept rows in ``span`` = [start, stop)."""
+    src, tgt, _ = _worker_state["corpus"].read(*span)
+    return np.asarray(_kept_rows(src, tgt), np.int64) + span[0]
+
+
+def _sample_rows(task: tuple[int, int, np.ndarray | None]) -> list[str]:
+    """The text-form sentences (source, target, source, ...) of rows ``task[2]`` (None: every kept row)
+    of [start, stop)."""
+    start, stop, rows = task
+    src, tgt, _ = _worker_state["corpus"].read(start, stop)
+    rows = _kept_rows(src, tgt) if rows is None else rows - start
+    form = _worker_state["form"]
+    sources = form.prepare([src[r] for r in rows], "source")
+    targets = form.prepare([tgt[r] for r in rows], "target")
+    return [text for pair in zip(sources, targets, strict=True) for text in pair]
+
+
+def _encode_rows(span: tuple[int, int]) -> dict[str, Any]:
+    """The kept pairs of rows [start, stop) encoded (``tokenize_pairs``'s rules) and what was left out."""
+    start, _ = span
+    tokenizer = _worker_state["tokenizer"]
+    src, tgt, suspicious = _worker_state["corpus"].read(*span)
+    rows = _kept_rows(src, tgt)
+    src_ids = tokenizer.encode_text([src[i] for i in rows], side="source")
+    tgt_ids = tokenizer.encode_text([tgt[i] for i in rows], side="target")
+    keep = [k for k, (s, t) in enumerate(zip(src_ids, tgt_ids, strict=True)) if s and t]
+    dtype = ids_dtype(tokenizer.vocab_size)
+    src_flat, src_offsets = concat_with_eos([src_ids[k] for k in keep])
+    tgt_flat, tgt_offsets = concat_with_eos([tgt_ids[k] for k in keep])
+    blank = sorted(set(range(len(src))) - set(rows))
+    return {"src": src_flat.astype(dtype), "src_lengths": np.diff(src_offsets),
+            "tgt": tgt_flat.astype(dtype), "tgt_lengths": np.diff(tgt_offsets),
+            "rows": len(src), "blank": [start + i + 1 for i in blank], "empty": len(rows) - len(keep),
+            "unknown": [start + rows[k] + 1 for k in keep
+                        if mostly_unknown(src_ids[k]) or mostly_unknown(tgt_ids[k])],
+            "suspicious": suspicious}
+
+
+def ids_dtype(vocab_size: int) -> np.dtype:
+    """uint16 when every id fits (half the disk and page cache of int32), else int32."""
+    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.int32)
+
+
+def worker_count() -> int:
+    """Worker processes for a build: the cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def spans(num_rows: int, size: int = CHUNK_PAIRS) -> list[tuple[int, int]]:
+    """[start, stop) row ranges of ``size`` rows covering ``num_rows``."""
+    return [(start, min(start + size, num_rows)) for start in range(0, num_rows, size)]
+
+
+def progress(total: int | None, phase: str, unit: str = " pairs"):
+    """A tqdm bar on stderr for one build phase: its count and rate."""
+    import tqdm
+
+    return tqdm.tqdm(total=total, desc=f"data: {phase}", unit=unit, unit_scale=True, file=sys.stderr,
+                     mininterval=1.0, dynamic_ncols=True)
+
+
+class _InProcessPool:
+    """``Pool.imap`` in this process, for a corpus too small to be worth starting processes."""
+
+    def __init__(self, *initargs: Any):
+        _init_worker(*initargs)
+
+    def imap(self, function: Callable[[Any], Any], items: list) -> Any:
+        return map(function, items)
+
+    def __enter__(self) -> _InProcessPool:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        _worker_state.clear()
+
+
+def is_small(corpus: TextCorpus | TfdsCorpus) -> bool:
+    """A text corpus under ``SMALL_BYTES``, built in this process: starting processes would cost more."""
+    return isinstance(corpus, TextCorpus) and (
+        corpus.src_path.stat().st_size + corpus.tgt_path.stat().st_size < SMALL_BYTES)
+
+
+def worker_pool(corpus: TextCorpus | TfdsCorpus, form: TextForm, tokenizer_proto: bytes | None):
+    """Spawned worker processes (none of the parent's threads or memory) holding the corpus and tokenizer;
+    for a small corpus, this process."""
+    if is_small(corpus):
+        return _InProcessPool(corpus, form, tokenizer_proto)
+    return multiprocessing.get_context("spawn").Pool(
+        worker_count(), initializer=_init_worker, initargs=(corpus, form, tokenizer_proto))
+
+
+def run_in_child(corpus: TextCorpus | TfdsCorpus, function: Callable[..., Any], *args: Any) -> Any:
+    """``function(*args)`` in a spawned process, whose memory (a tokenizer's corpus, encoding buffers) goes
+    back to the system when it ends; an exception comes back as raised. A small corpus stays here."""
+    if is_small(corpus):
+        return function(*args)
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as executor:
+        return executor.submit(function, *args).result()
+
+
+def with_elapsed_time(phase: str, function: Callable[[], Any]) -> Any:
+    """``function()`` while a bar on stderr shows ``phase`` and the seconds it has taken (a call into C++
+    that reports nothing, such as training SentencePiece)."""
+    done = threading.Event()
+    with progress(None, phase, unit=" s") as bar:
+        def tick() -> None:
+            while not done.wait(1.0):
+                bar.update(1)
+
+        ticker = threading.Thread(target=tick, daemon=True)
+        ticker.start()
+        try:
+            return function()
+        finally:
+            done.set()
+            ticker.join()
+
+
+# ----------------------------------------------------------------------------- building
+
+
+def sample_sentences(corpus: TextCorpus | TfdsCorpus, form: TextForm, cap: int, seed: int) -> list[str]:
+    """The tokenizer's training sentences (source, target of each pair, in order) of the kept pairs, or of
+    ``cap`` of them drawn with ``seed`` when there are more; the same as reading the pairs in memory."""
+    with worker_pool(corpus, form, None) as pool:
+        tasks: list[tuple[int, int, np.ndarray | None]]
+        if corpus.num_rows <= cap:  # every kept pair: no need to count them first
+            tasks = [(start, stop, None) for start, stop in spans(corpus.num_rows)]
+        else:
+            kept = []
+            with progress(corpus.num_rows, "scan") as bar:
+                for rows in pool.imap(_scan_rows, spans(corpus.num_rows)):
+                    kept.append(rows)
+                    bar.update(CHUNK_PAIRS)
+            kept = np.concatenate(kept)
+            if len(kept) > cap:
+                kept = kept[np.sort(np.random.default_rng(seed).choice(len(kept), size=cap, replace=False))]
+            tasks = [(start, stop, kept[(kept >= start) & (kept < stop)])
+                     for start, stop in spans(corpus.num_rows)]
+        sentences: list[str] = []
+        with progress(min(corpus.num_rows, cap), "tokenizer sample") as bar:
+            for part in pool.imap(_sample_rows, tasks):
+                sentences += part
+                bar.update(len(part) // 2)
+    return sentences
+
+
+def build_encoded(folder: Path, corpus: TextCorpus | TfdsCorpus, form: TextForm,
+                  tokenizer_proto: bytes) -> dict[str, Any]:
+    """Encodes the corpus into ``folder``'s files; returns the manifest's counts and warnings."""
+    from transformer_jax.data.tokenizer import Tokenizer
+
+    corpus = corpus.indexed()
+    dtype = ids_dtype(Tokenizer(tokenizer_proto).vocab_size)
+    lengths: dict[str, list[np.ndarray]] = {"src": [], "tgt": []}
+    found: dict[str, Any] = {"blank": [], "empty": 0, "unknown": [], "suspicious": {}}
+    with (open(folder / "src.ids", "wb") as src_file, open(folder / "tgt.ids", "wb") as tgt_file,
+          worker_pool(corpus, form, tokenizer_proto) as pool, progress(corpus.num_rows, "encoding") as bar):
+        for part in pool.imap(_encode_rows, spans(corpus.num_rows)):
+            part["src"].tofile(src_file)
+            part["tgt"].tofile(tgt_file)
+            lengths["src"].append(part["src_lengths"])
+            lengths["tgt"].append(part["tgt_lengths"])
+            found["blank"] += part["blank"]
+            found["unknown"] += part["unknown"]
+            found["empty"] += part["empty"]
+            for kind, numbers in part["suspicious"].items():
+                found["suspicious"].setdefault(kind, []).extend(numbers)
+            bar.update(part["rows"])
+    for side, parts in lengths.items():
+        offsets = np.zeros(sum(map(len, parts)) + 1, np.int64)
+        np.cumsum(np.concatenate(parts), out=offsets[1:])
+        np.save(folder / f"{side}.offsets.npy", offsets)
+    if len(offsets) == 1:
+        raise DataError(f"{corpus.describe()}: no pair has both sides non-empty")
+    return {"dtype": dtype.name, "num_pairs": len(offsets) - 1, "num_rows": corpus.num_rows,
+            "num_empty": found["empty"], "left_out": found}
+
+
+def _warnings(corpus: TextCorpus | TfdsCorpus, rows: int, *, blank: list[int], empty: int,
+              unknown: list[int], suspicious: dict[str, list[int]]) -> list[str]:
+    """The warnings that reading and encoding the ``rows`` pairs in memory gives (``sources``,
+    ``tokenize_pairs``), naming this corpus's files (an entry may have been built from a copy)."""
+    found = []
+    if isinstance(corpus, TextCorpus):
+        for side, path in (("src", corpus.src_path), ("tgt", corpus.tgt_path)):
+            found += suspicious_line_warnings(
+                path, {kind: suspicious.get(f"{kind}_{side}", []) for kind in ("nul", "long")}, rows)
+    if blank:
+        found.append(blank_pairs_warning(corpus.describe(), blank, rows))
+    if empty:
+        found.append(empty_pairs_warning(empty, rows - len(blank)))
+    if unknown:
+        found.append(unknown_pairs_warning(unknown, rows - len(blank),
+                                           f"{corpus.describe()} lines {', '.join(map(str, unknown[:5]))}"))
+    return found
+
+
+def open_train_split(data_config: Any, tokenizer: Any, *, fallback: str | os.PathLike | None = None,
+                     ) -> TokenizedSplit:
+    """The train split of ``data_config`` encoded with ``tokenizer``, from the data
+    cache, built there first if missing. ``fallback``: the folder (the workdir) under whose ``data_cache``
+    to build when the cache root cannot be written."""
+    started = time.time()
+    corpus = open_corpus(data_config)
+    spec = {"format": FORMAT, "data": corpus.fingerprint(), "src_lang": data_config.src_lang,
+            "tgt_lang": data_config.tgt_lang, "text_form": data_config.text_form,
+            "tokenizer_sha256": tokenizer.sha256}
+    def build(folder: Path) -> dict[str, Any]:
+        print(f"Encoding the train split of {corpus.describe()} into the data cache, {worker_count()} "
+              "processes", file=sys.stderr, flush=True)
+        return run_in_child(corpus, build_encoded, folder, corpus, text_form_of(data_config),
+                            tokenizer.model_proto)
+
+    entry, manifest = disk_cache.open_or_build(
+        disk_cache.cache_root(data_config.cache_dir), "encoded", spec, build,
+        fallback=Path(fallback) / "data_cache" if fallback else None, what="the encoded train split")
+    for warning in _warnings(corpus, manifest["num_rows"], **manifest["left_out"]):  # train.py shows them
+        logging.warning("%s", warning)
+    split = load(entry, manifest)
+    print(f"Data: {len(split):,} train pairs mapped from {entry} in {time.time() - started:.1f} s",
+          flush=True)
+    return split
+
+
+def load(entry: Path, manifest: dict[str, Any]) -> TokenizedSplit:
+    """The ``TokenizedSplit`` of a whole entry: the ids mapped read-only, the offsets in memory."""
+    sides = []
+    for side in ("src", "tgt"):
+        sides += [np.memmap(entry / f"{side}.ids", dtype=manifest["dtype"], mode="r"),
+                  np.load(entry / f"{side}.offsets.npy")]
+    return TokenizedSplit(*sides, num_empty=manifest["num_empty"])
+
+
+
+# ----------------------------------------------------------------------------- the shared tokenizer
+
+
+def build_tokenizer(folder: Path, corpus: TextCorpus | TfdsCorpus, data_config: Any,
+                    seed: int) -> dict[str, Any]:
+    """Trains ``data_config``'s SentencePiece model on (a sample of) the corpus into ``folder/spm.model``."""
+    from transformer_jax.data import tokenizer as tokenizer_lib
+
+    corpus = corpus.indexed()
+    sentences = sample_sentences(corpus, text_form_of(data_config), data_config.tokenizer_train_examples,
+                                 seed)
+    tokenizer_lib.check_vocab_size(data_config, sentences)
+    proto = with_elapsed_time(f"tokenizer training on {len(sentences):,} sentences", lambda: (
+        tokenizer_lib.train_tokenizer(sentences, vocab_size=data_config.vocab_size,
+                                      vocab_type=data_config.vocab_type,
+                                      character_coverage=data_config.character_coverage)))
+    (folder / "spm.model").write_bytes(proto)
+    return {"sentences": len(sentences)}
+
+
+def shared_tokenizer(data_config: Any, *, fallback: str | os.PathLike | None = None) -> bytes:
+    """The serialized SentencePiece model for ``data_config``'s data and vocabulary settings, from the data
+    cache (trained there first if missing): every run and sweep row on the same data and settings gets
+    the same vocabulary (the sample drawn with ``tokenizer.SAMPLE_SEED``). ``fallback`` as in
+    ``open_train_split``."""
+    from transformer_jax.data.tokenizer import SAMPLE_SEED as seed
+
+    corpus = open_corpus(data_config)
+    spec = {"format": FORMAT, "data": corpus.fingerprint(), "src_lang": data_config.src_lang,
+            "tgt_lang": data_config.tgt_lang, "text_form": data_config.text_form,
+            "vocab_size": data_config.vocab_size, "vocab_type": data_config.vocab_type,
+            "tokenizer_train_examples": data_config.tokenizer_train_examples,
+            "character_coverage": data_config.character_coverage, "sample_seed": seed}
+
+    def build(folder: Path) -> dict[str, Any]:
+        print(f"Training the {data_config.vocab_type} tokenizer (vocab_size={data_config.vocab_size}) of "
+              f"{corpus.describe()} into the data cache", file=sys.stderr, flush=True)
+        return run_in_child(corpus, build_tokenizer, folder, corpus, data_config, seed)
+
+    entry, _ = disk_cache.open_or_build(
+        disk_cache.cache_root(data_config.cache_dir), "tokenizers", spec, build,
+        fallback=Path(fallback) / "data_cache" if fallback else None, what="the shared tokenizer")
+    return (entry / "spm.model").read_bytes()
