@@ -101,6 +101,7 @@ class TextCorpus:
 
     src_path: Path
     tgt_path: Path
+    processes: int = 0  # worker processes of a build; 0: build in the calling process
     src_starts: np.ndarray | None = None
     tgt_starts: np.ndarray | None = None
     skips_blank = True
@@ -163,6 +164,7 @@ class TfdsCorpus:
     data_dir: str | None
     src_lang: str
     tgt_lang: str
+    processes: int = 0  # worker processes of a build; 0: build in the calling process
     num_rows: int = 0  # set by indexed()
     skips_blank = False
 
@@ -189,11 +191,14 @@ class TfdsCorpus:
 
 
 def open_corpus(data_config: Any) -> TextCorpus | TfdsCorpus:
-    """The train split of a cached source, named but not read (``indexed()`` reads it)."""
+    """The train split of a cached source, named but not read (``indexed()`` reads it). A text corpus
+    under ``SMALL_BYTES`` is built in the calling process; any other by ``worker_count()`` processes."""
     if data_config.source == "text":
-        return TextCorpus(*get_source(data_config).paths("train"))
+        src_path, tgt_path = get_source(data_config).paths("train")
+        size = sum(path.stat().st_size for path in (src_path, tgt_path) if path.is_file())
+        return TextCorpus(src_path, tgt_path, 0 if size < SMALL_BYTES else worker_count())
     return TfdsCorpus(data_config.tfds_name, data_config.tfds_data_dir or None, data_config.src_lang,
-                      data_config.tgt_lang)
+                      data_config.tgt_lang, worker_count())
 
 
 # ----------------------------------------------------------------------------- worker processes
@@ -294,25 +299,19 @@ class _InProcessPool:
         _worker_state.clear()
 
 
-def is_small(corpus: TextCorpus | TfdsCorpus) -> bool:
-    """A text corpus under ``SMALL_BYTES``, built in this process: starting processes would cost more."""
-    return isinstance(corpus, TextCorpus) and (
-        corpus.src_path.stat().st_size + corpus.tgt_path.stat().st_size < SMALL_BYTES)
-
-
 def worker_pool(corpus: TextCorpus | TfdsCorpus, form: TextForm, tokenizer_proto: bytes | None):
-    """Spawned worker processes (none of the parent's threads or memory) holding the corpus and tokenizer;
-    for a small corpus, this process."""
-    if is_small(corpus):
+    """``corpus.processes`` spawned workers (none of the parent's threads or memory) holding the corpus
+    and tokenizer; with 0, this process."""
+    if not corpus.processes:
         return _InProcessPool(corpus, form, tokenizer_proto)
     return multiprocessing.get_context("spawn").Pool(
-        worker_count(), initializer=_init_worker, initargs=(corpus, form, tokenizer_proto))
+        corpus.processes, initializer=_init_worker, initargs=(corpus, form, tokenizer_proto))
 
 
 def run_in_child(corpus: TextCorpus | TfdsCorpus, function: Callable[..., Any], *args: Any) -> Any:
     """``function(*args)`` in a spawned process, whose memory (a tokenizer's corpus, encoding buffers) goes
-    back to the system when it ends; an exception comes back as raised. A small corpus stays here."""
-    if is_small(corpus):
+    back to the system when it ends; an exception comes back as raised. With ``corpus.processes`` 0, here."""
+    if not corpus.processes:
         return function(*args)
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as executor:
@@ -350,9 +349,10 @@ def sample_sentences(corpus: TextCorpus | TfdsCorpus, form: TextForm, cap: int, 
         else:
             kept = []
             with progress(corpus.num_rows, "scan") as bar:
-                for rows in pool.imap(_scan_rows, spans(corpus.num_rows)):
+                row_spans = spans(corpus.num_rows)
+                for (start, stop), rows in zip(row_spans, pool.imap(_scan_rows, row_spans), strict=True):
                     kept.append(rows)
-                    bar.update(CHUNK_PAIRS)
+                    bar.update(stop - start)
             kept = np.concatenate(kept)
             if len(kept) > cap:
                 kept = kept[np.sort(np.random.default_rng(seed).choice(len(kept), size=cap, replace=False))]
@@ -428,8 +428,9 @@ def open_train_split(data_config: Any, tokenizer: Any, *, fallback: str | os.Pat
             "tgt_lang": data_config.tgt_lang, "text_form": data_config.text_form,
             "tokenizer_sha256": tokenizer.sha256}
     def build(folder: Path) -> dict[str, Any]:
-        print(f"Encoding the train split of {corpus.describe()} into the data cache, {worker_count()} "
-              "processes", file=sys.stderr, flush=True)
+        workers = f"{corpus.processes} worker processes" if corpus.processes else "this process"
+        print(f"Encoding the train split of {corpus.describe()} into the data cache ({workers})",
+              file=sys.stderr, flush=True)
         return run_in_child(corpus, build_encoded, folder, corpus, text_form_of(data_config),
                             tokenizer.model_proto)
 

@@ -1,0 +1,246 @@
+"""The data cache of text corpora: the same tokenizer, batches and warnings as reading the corpus in memory;
+one tokenizer and one encoded split per data and settings, shared by every run and Table 3 row.
+
+The reference is the in-memory path (``TextSource.pairs`` read whole, ``tokenize_pairs``), which the
+synthetic and treebank sources still take and which runs started before the cache used.
+"""
+
+import logging
+import shutil
+
+import numpy as np
+import pytest
+from shared_data import SHARED_DATA
+
+from transformer_jax.data import batching, corpus_cache, tokenizer
+from transformer_jax.data.config import default_data_config
+from transformer_jax.data.sources import get_source
+from transformer_jax.sweep import grid
+
+WORDS = [
+    "the",
+    "cat",
+    "sat",
+    "on",
+    "a",
+    "mat",
+    "dog",
+    "ran",
+    "far",
+    "away",
+    "big",
+    "red",
+    "house",
+    "über",
+    "straße",
+    "café",
+    "naïve",
+    "1999",
+    "x-ray",
+    "don't",
+]
+BUCKETS = (8, 16, 32)
+
+
+def _write_corpus(folder, rows: int = 400, seed: int = 0) -> None:
+    """Train files with what a real corpus holds: a byte-order mark, CRLF and no final newline, blank
+    and whitespace-only sides, NBSP and tabs, U+2028 inside a line, a NUL, a line too long for max_len and
+    one too long for SentencePiece."""
+    rng = np.random.default_rng(seed)
+    lines = {
+        lang: [" ".join(rng.choice(WORDS, size=rng.integers(1, 12))) for _ in range(rows)]
+        for lang in ("en", "de")
+    }
+    lines["en"][0] = "\ufeff" + lines["en"][0]
+    lines["en"][3] += "\r"
+    lines["de"][5] = ""
+    lines["en"][7] = " \t "
+    lines["de"][11] = "die\u00a0katze\tsass"
+    lines["en"][13] = "line\u2028separator inside"
+    lines["de"][17] = "nul\0byte"
+    lines["en"][19] = " ".join(["longword"] * 40)  # over max_len=32 tokens: dropped from training
+    lines["de"][23] = "\u0436" * 40_000  # too long to train the tokenizer on: its character is <unk>
+    for lang, text in lines.items():
+        (folder / f"train.{lang}").write_text("\n".join(text), encoding="utf-8")  # no final newline
+        for split in ("val", "test"):
+            (folder / f"{split}.{lang}").write_text("\n".join(text[:4]) + "\n", encoding="utf-8")
+
+
+def _config(folder, **overrides):
+    fields = dict(
+        source="text",
+        dir=str(folder),
+        vocab_size=60,
+        max_len=32,
+        length_buckets=BUCKETS,
+        tokens_per_batch=256,
+        tokenizer_train_examples=300,
+        cache_dir=str(folder / "cache"),
+    )
+    return default_data_config(**{**fields, **overrides})
+
+
+def _in_memory(cfg, tok: tokenizer.Tokenizer) -> batching.TrainIterator:
+    """The train iterator as reading the whole corpus into memory gives it."""
+    source = get_source(cfg)
+    data = batching.tokenize_pairs(
+        source.pairs("train"), tok, where=batching._describe_pairs(source, "train")
+    )
+    fits = np.maximum(data.src_lengths, data.tgt_lengths) <= cfg.max_len
+    return batching.TrainIterator(
+        data.select(fits), length_buckets=BUCKETS, tokens_per_batch=cfg.tokens_per_batch, seed=5
+    )
+
+
+def _assert_same_batches(a: batching.TrainIterator, b: batching.TrainIterator) -> None:
+    assert (a.num_examples, a.batches_per_epoch) == (b.num_examples, b.batches_per_epoch)
+    for _ in range(a.batches_per_epoch * 3 // 2):  # into the second epoch
+        x, y = next(a), next(b)
+        for key in ("inputs", "targets"):
+            assert x[key].dtype == y[key].dtype == np.int32
+            np.testing.assert_array_equal(x[key], y[key])
+
+
+def _warnings(caplog) -> list[str]:
+    return sorted(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+
+
+@pytest.mark.parametrize(
+    "processes,text_form",
+    [(False, "raw"), (True, "raw"), (False, "moses_lc")],
+    ids=["in_process", "worker_processes", "moses_lc"],
+)
+def test_tokenizer_batches_and_warnings_equal_reading_the_corpus_in_memory(
+    tmp_path, caplog, monkeypatch, processes, text_form
+):
+    """300 of 400 rows train the tokenizer, so the build scans for non-empty pairs and samples them."""
+    if processes:  # the path of a corpus over SMALL_BYTES: a child process with a pool of workers
+        monkeypatch.setattr(corpus_cache, "SMALL_BYTES", 0)
+    _write_corpus(tmp_path)
+    cfg = _config(tmp_path, text_form=text_form)
+    tok = tokenizer.load_or_train_tokenizer(cfg, str(tmp_path / "workdir"))
+    reference = tokenizer.Tokenizer(
+        tokenizer.train_tokenizer(
+            list(tokenizer._training_sentences(cfg)), vocab_size=cfg.vocab_size, vocab_type=cfg.vocab_type
+        )
+    )
+    assert tok.sha256 == reference.sha256  # the vocabulary a run trained before the cache existed
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        cached = batching.make_train_iterator(cfg, tok, seed=5)
+    from_cache = _warnings(caplog)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        in_memory = _in_memory(cfg, tok)
+    dropped = [m for m in from_cache if m.startswith("Dropped ")]
+    assert len(dropped) == 1 and " train pairs longer than max_len=32" in dropped[0]
+    in_memory_warnings = _warnings(caplog)  # the NUL, the long line, the blank pairs, the <unk> pair
+    assert sorted(set(from_cache) - set(dropped)) == in_memory_warnings and len(in_memory_warnings) == 4
+    assert isinstance(cached._data.src_ids, np.memmap) and cached._data.src_ids.dtype == np.uint16
+    _assert_same_batches(cached, in_memory)
+
+
+MULTI30K = SHARED_DATA / "multi30k"
+
+
+@pytest.mark.skipif(not (MULTI30K / "train.en").exists(), reason=f"Multi30k is not in {MULTI30K}")
+def test_multi30k_batches_equal_reading_it_in_memory(tmp_path):
+    cfg = default_data_config(
+        source="text",
+        dir=str(MULTI30K),
+        vocab_size=2000,
+        max_len=32,
+        length_buckets=BUCKETS,
+        tokens_per_batch=2048,
+        cache_dir=str(tmp_path / "cache"),
+    )
+    tok = tokenizer.load_or_train_tokenizer(cfg, str(tmp_path / "workdir"))
+    _assert_same_batches(batching.make_train_iterator(cfg, tok, seed=5), _in_memory(cfg, tok))
+
+
+def _entries(cache, kind: str) -> list[str]:
+    return sorted(p.name for p in (cache / kind).iterdir() if p.is_dir())
+
+
+def test_later_runs_map_the_entries_and_a_changed_file_or_setting_builds_new_ones(tmp_path, monkeypatch):
+    builds = []
+    for name in ("build_tokenizer", "build_encoded"):
+        original = getattr(corpus_cache, name)
+        monkeypatch.setattr(corpus_cache, name, lambda *a, _f=original, _n=name: builds.append(_n) or _f(*a))
+    _write_corpus(tmp_path)
+    cache = tmp_path / "cache"
+
+    def start(cfg, workdir):  # what a run does at start-up
+        tok = tokenizer.load_or_train_tokenizer(cfg, str(tmp_path / workdir))
+        return tok, batching.make_train_iterator(cfg, tok, seed=0)
+
+    tok, _ = start(_config(tmp_path), "run1")
+    assert builds == ["build_tokenizer", "build_encoded"]
+    start(_config(tmp_path), "run2")  # a new workdir on the same data
+    start(_config(tmp_path, max_len=24, length_buckets=(8, 16, 24)), "run3")  # no effect on the ids
+    assert len(builds) == 2
+    entry = cache / "tokenizers" / _entries(cache, "tokenizers")[0]
+    for run in ("run1", "run2", "run3"):  # each workdir keeps its copy, for evaluate.py, translate, export
+        assert (tmp_path / run / "tokenizer" / "spm.model").read_bytes() == (entry / "spm.model").read_bytes()
+
+    start(_config(tmp_path, vocab_size=70), "run4")  # another vocabulary: another tokenizer and split
+    assert builds[2:] == ["build_tokenizer", "build_encoded"]
+    with open(tmp_path / "train.de", "a") as f:  # the data changes under a run that resumes
+        f.write("\n")
+    tok_again, _ = start(_config(tmp_path), "run1")
+    assert tok_again.sha256 == tok.sha256 and builds[4:] == ["build_encoded"]  # its own tokenizer, new ids
+    assert len(_entries(cache, "tokenizers")) == 2 and len(_entries(cache, "encoded")) == 3
+
+
+def test_table3_rows_on_the_same_data_share_one_tokenizer_and_one_encoded_split(tmp_path):
+    _write_corpus(tmp_path, rows=200)
+    rows = grid.table3_rows(
+        "A,B,D,E",
+        "multi30k",
+        base_seeds=2,
+        overrides=[f"data.dir={tmp_path}", f"data.cache_dir={tmp_path / 'cache'}", "data.vocab_size=60"],
+    )
+    assert len(rows) > 10
+    models = set()
+    for row in rows:
+        run = grid.run_config.build_run_config(grid.build_config(row))
+        models.add(run.model)
+        tok = tokenizer.load_or_train_tokenizer(run.data, str(tmp_path / row.name))
+        batching.make_train_iterator(run.data, tok, seed=run.seed)
+    assert len(models) >= 10  # the rows differ in the model, not in the data
+    assert len(_entries(tmp_path / "cache", "tokenizers")) == 1
+    assert len(_entries(tmp_path / "cache", "encoded")) == 1
+    vocabularies = {(tmp_path / row.name / "tokenizer" / "spm.model").read_bytes() for row in rows}
+    assert len(vocabularies) == 1  # every row is scored on one vocabulary, as in the paper
+
+
+def test_a_damaged_encoded_file_is_rebuilt_and_gives_the_same_batches(tmp_path, caplog):
+    _write_corpus(tmp_path)
+    cfg = _config(tmp_path)
+    tok = tokenizer.load_or_train_tokenizer(cfg, str(tmp_path / "workdir"))
+    batching.make_train_iterator(cfg, tok, seed=5)
+    caplog.clear()
+    entry = tmp_path / "cache" / "encoded" / _entries(tmp_path / "cache", "encoded")[0]
+    ids = (entry / "tgt.ids").read_bytes()
+    (entry / "tgt.ids").write_bytes(ids[: len(ids) // 2])  # a copy cut short
+    with caplog.at_level(logging.WARNING):
+        rebuilt = batching.make_train_iterator(cfg, tok, seed=5)
+    assert any("is damaged (tgt.ids has" in m for m in _warnings(caplog))
+    _assert_same_batches(rebuilt, _in_memory(cfg, tok))
+
+
+def test_a_copy_of_the_corpus_elsewhere_maps_the_same_entry_and_names_its_own_files(tmp_path, caplog):
+    _write_corpus(tmp_path)
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for path in tmp_path.glob("*.*"):
+        shutil.copy(path, copy)
+    tok = tokenizer.load_or_train_tokenizer(_config(tmp_path), str(tmp_path / "workdir"))
+    batching.make_train_iterator(_config(tmp_path), tok, seed=0)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        batching.make_train_iterator(_config(copy, cache_dir=str(tmp_path / "cache")), tok, seed=0)
+    assert len(_entries(tmp_path / "cache", "encoded")) == 1  # keyed by content, not by path
+    warned = _warnings(caplog)
+    assert len(warned) == 5 and all(str(copy / "train.") in m for m in warned[:4]), warned
