@@ -139,6 +139,32 @@ def test_max_to_keep(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["4", "5"]
 
 
+def _save(ckpt, step, *, preemption=False) -> None:
+    assert ckpt.save(step, make_state(float(step), step), data_state={"pos": step}, config={}, force=True,
+                     preemption=preemption)
+    ckpt.wait()
+
+
+def test_preemption_saves_are_kept_out_of_max_to_keep_and_of_averaging(tmp_path):
+    """A save forced by SIGTERM off the schedule is kept while it is the newest (a resume needs it), never
+    counts among the ``max_to_keep`` scheduled ones, and is never averaged unless it is the step asked for."""
+    with new_checkpointer(tmp_path, max_to_keep=2) as ckpt:
+        for step in (2, 4):
+            _save(ckpt, step)
+        _save(ckpt, 5, preemption=True)
+        assert ckpt.all_steps() == [2, 4, 5]  # 5 kept for the resume, 2 still one of the last two
+    with new_checkpointer(tmp_path, max_to_keep=2) as ckpt:  # a new process: 5 is known from its files
+        assert ckpt.averageable_steps(5) == [2, 4, 5] and ckpt.averageable_steps(4) == [2, 4]
+        _save(ckpt, 6)
+        assert ckpt.all_steps() == [4, 6]  # 5 is no longer needed; 4 and 6 are the last two scheduled
+    # A directory that still holds a preemption save below newer steps (a deletion that failed, or a copy):
+    # averaging skips it.
+    with new_checkpointer(tmp_path / "b", max_to_keep=None) as ckpt:
+        _save(ckpt, 5, preemption=True)
+    shutil.copytree(tmp_path / "b" / "5", tmp_path / "5")
+    assert CheckpointReader(str(tmp_path)).averageable_steps(6) == [4, 6]
+
+
 def test_save_of_existing_step_is_skipped(tmp_path):
     save_steps(tmp_path, [3])
     with new_checkpointer(tmp_path) as ckpt:

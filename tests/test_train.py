@@ -9,9 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny import TRAIN, config_with, saved_state
+from tiny import TRAIN, TRAINED, config_with, saved_state
 
 from transformer_jax import run_config
+from transformer_jax.checkpoints import restore
 from transformer_jax.training import loop
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -86,6 +87,32 @@ def test_resume_continues_bitwise_and_profiling_changes_nothing(tmp_path, uninte
     assert data_resumed == data_full
     for a, b in zip(resumed, full, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_preempted_run_averages_the_checkpoints_of_an_uninterrupted_one(tmp_path, uninterrupted,
+                                                                          monkeypatch, capsys):
+    """SIGTERM at step 3 (off the every-2-steps schedule) forces a save there; the resumed run's final model
+    is still the mean of steps 2, 4 and 6, and its final report is the uninterrupted run's, number for
+    number. evaluate.py averages the same steps."""
+    _, reference = uninterrupted
+    workdir = tmp_path / "preempted"
+
+    class StopAtStep3(loop.PreemptionGuard):
+        def should_stop(self, step: int) -> bool:
+            return step == 3 or super().should_stop(step)
+
+    monkeypatch.setattr(loop, "PreemptionGuard", StopAtStep3)
+    run = run_config.build_run_config(config_with(TRAINED))
+    assert loop.train_and_evaluate(run, str(workdir)) == {"preempted": True, "step": 3}
+    monkeypatch.undo()
+    assert sorted(int(s) for s in os.listdir(workdir / "checkpoints") if s.isdigit()) == [2, 3]
+    final = loop.train_and_evaluate(run, str(workdir))
+    assert "Resuming from step 3" in capsys.readouterr().out
+    assert final["averaged_steps"] == [2, 4, 6]
+    assert {k: v for k, v in final.items() if k != "train_seconds"} == {
+        k: v for k, v in reference.items() if k != "train_seconds"}
+    assert sorted(int(s) for s in os.listdir(workdir / "checkpoints") if s.isdigit()) == [2, 4, 6]
+    assert restore.steps_to_average(restore.restore_workdir(str(workdir)), 3) == [2, 4, 6]
 
 
 def test_non_finite_values_stop_with_the_step_and_keep_the_last_good_checkpoint(tmp_path):

@@ -49,6 +49,7 @@ from transformer_jax.checkpoints.reader import (
     CONFIG_ITEM,
     DATA_ITEM,
     INTEGRITY_ITEM,
+    PREEMPTION_SAVE,
     STATE_ITEM,
     STEP_NAMES,
     CheckpointReader,
@@ -70,6 +71,23 @@ SPACE_WARNING_CHECKPOINTS = 3
 def _now() -> float:
     """Seconds on a monotonic clock (a function so tests can replace it)."""
     return time.monotonic()
+
+
+class _KeepScheduled:
+    """Orbax's retention policy for the Checkpointer: keeps the newest ``n`` scheduled saves (all with
+    ``n`` None) and the newest step, whatever it is; a preemption save (``is_preemption``) that a newer
+    step replaced is dropped, and never counts among the ``n``."""
+
+    def __init__(self, n: int | None, is_preemption):
+        self.n, self.is_preemption = n, is_preemption
+
+    def should_preserve(self, checkpoints, *, context) -> list[bool]:
+        del context
+        steps = [info.step for info in checkpoints]
+        scheduled = sorted(s for s in steps if not self.is_preemption(s))
+        kept = set(scheduled if self.n is None else scheduled[max(0, len(scheduled) - self.n):])
+        kept.add(max(steps, default=None))
+        return [s in kept for s in steps]
 
 
 def _remove_tmp_dirs(directory: str) -> list[str]:
@@ -144,8 +162,11 @@ class Checkpointer:
 
         orbax_workarounds.install()
         self.reader = CheckpointReader(self.directory)
+        # Saves forced by a preemption, off the schedule: kept out of max_to_keep (see _KeepScheduled).
+        self._preemption_saves = {s for s in self.reader.all_steps() if self.reader.is_preemption_save(s)}
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, step_name_format=STEP_NAMES, enable_async_checkpointing=async_save)
+            preservation_policy=_KeepScheduled(max_to_keep, self._preemption_saves.__contains__),
+            step_name_format=STEP_NAMES, enable_async_checkpointing=async_save)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
         self._pending_step: int | None = None  # the step of a save that may still be writing
         self._failed = False  # a save failed: orbax re-raises it at every wait, so close() swallows it
@@ -160,6 +181,12 @@ class Checkpointer:
         """The finished steps on disk, after any background save ended (a failed one raises, as in wait)."""
         self.wait()
         return self.reader.all_steps()
+
+    def averageable_steps(self, end: int) -> list[int]:
+        """``CheckpointReader.averageable_steps``, after any background save ended: the scheduled saves up
+        to ``end``, and ``end``."""
+        self.wait()
+        return self.reader.averageable_steps(end)
 
     def last_good_message(self, steps: list[int] | None = None) -> str:
         """"The last good checkpoint is step N in DIR" naming a step that exists, or "There is no ...".
@@ -229,11 +256,13 @@ class Checkpointer:
         return due
 
     def save(self, step: int, state: Any, *, data_state: dict, config: dict, force: bool = False,
-             metadata: dict | None = None) -> bool:
+             metadata: dict | None = None, preemption: bool = False) -> bool:
         """Starts saving ``state``, ``data_state`` and ``config`` as ``step`` if it is due (or ``force``).
 
         Before saving, one jitted pass over ``state`` computes its checksums and counts non-finite values
-        (``integrity.state_digest``); ``metadata`` (a JSON dict) is stored beside them.
+        (``integrity.state_digest``); ``metadata`` (a JSON dict) is stored beside them. ``preemption``: a
+        save forced off the schedule because the run stops; it is marked so, kept only until a newer step
+        is saved, never counted in ``max_to_keep``, and not averaged (``averageable_steps``).
 
         Returns True if a save was started, False if it was not due or ``step`` is already saved. Call it
         every step, or after :meth:`should_save`. All processes must call it together.
@@ -261,12 +290,14 @@ class Checkpointer:
             "arrays": {p: {k: d[k] for k in ("h", "shape", "dtype")} for p, d in digest.items()},
             "data_sha256": checks.json_sha256(dict(data_state)),
             "config_sha256": checks.json_sha256(dict(config)),
-            "metadata": dict(metadata or {}),
+            "metadata": {**(metadata or {}), **({PREEMPTION_SAVE: True} if preemption else {})},
         }
         args = ocp.args.Composite(**{
             STATE_ITEM: ocp.args.StandardSave(state), DATA_ITEM: ocp.args.JsonSave(dict(data_state)),
             CONFIG_ITEM: ocp.args.JsonSave(dict(config)), INTEGRITY_ITEM: ocp.args.JsonSave(integrity)})
         self.wait()  # the previous save's failure belongs to its own step (orbax would raise it here)
+        if preemption:  # before orbax's retention policy sees the step
+            self._preemption_saves.add(step)
         try:
             started = bool(self._manager.save(step, args=args, force=True))
         except Exception as e:

@@ -32,6 +32,9 @@ STATE_ITEM, DATA_ITEM, CONFIG_ITEM, INTEGRITY_ITEM = "state", "data", "config", 
 # Step directories are named by the step alone ("<directory>/<step>"), as orbax's CheckpointManager names
 # them by default; unfinished saves ("<step>.orbax-checkpoint-tmp") and other names are never listed.
 STEP_NAMES = ocp.path.step.standard_name_format()
+# The metadata key (in the ``integrity`` item) of a save forced by SIGTERM / SIGINT off the schedule: it is
+# there to resume from, and is neither averaged (unless asked for) nor counted among the kept steps.
+PREEMPTION_SAVE = "preemption_save"
 
 
 class CheckpointReader:
@@ -59,6 +62,23 @@ class CheckpointReader:
         """The newest finished step, or None if there is none. Not checked for damage; :meth:`restore` is."""
         steps = self.all_steps()
         return steps[-1] if steps else None
+
+    def is_preemption_save(self, step: int) -> bool:
+        """Whether ``step`` was saved because the run was stopped, off the save schedule (a step whose
+        integrity item cannot be read counts as scheduled: reading it for averaging then fails, naming it)."""
+        try:
+            integrity = self._read_integrity(step) or {}
+        except Exception:  # damaged or being deleted
+            return False
+        return (integrity.get("metadata") or {}).get(PREEMPTION_SAVE) is True
+
+    def averageable_steps(self, end: int) -> list[int]:
+        """The steps up to ``end`` that averaging may take, ascending: the scheduled saves, and ``end``.
+
+        A save forced by a preemption is left out (unless it is ``end`` itself), so that a run that was
+        stopped and resumed averages the same steps as one that ran through.
+        """
+        return [s for s in self.all_steps() if s == end or (s < end and not self.is_preemption_save(s))]
 
     def _require_step(self, step: int) -> None:
         steps = self.all_steps()

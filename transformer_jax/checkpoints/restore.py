@@ -162,10 +162,12 @@ def restore_workdir(workdir: str, step: int | None = None) -> Restored:
 def steps_to_average(restored: Restored, average_last: int, *, from_config: bool = False) -> list[int]:
     """The ``average_last`` newest checkpoint steps up to ``restored.step``, oldest first.
 
+    Saves forced by a preemption, off the schedule, are left out (``CheckpointReader.averageable_steps``),
+    as in training's final report: a run stopped and resumed averages what an uninterrupted one does.
     ``from_config``: ``average_last`` is the run's ``final_average_last`` (evaluate.py's default), which
     the error then names, with how to score fewer.
     """
-    available = [s for s in CheckpointReader(restored.checkpoint_dir).all_steps() if s <= restored.step]
+    available = CheckpointReader(restored.checkpoint_dir).averageable_steps(restored.step)
     if len(available) < average_last:
         given = (f"--average_last={average_last} (the default: the run's final_average_last)" if from_config
                  else f"--average_last={average_last}")

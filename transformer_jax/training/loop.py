@@ -222,11 +222,13 @@ def train_loop(trainer: Trainer, state: TrainState, train_iter: data_lib.TrainIt
                 writer.write(step, evaluate_dev(trainer, state.params))
                 interval_start = time.time()
             preempted = guard.should_stop(step)
-            if preempted or ckpt.should_save(step) or step == num_steps:
+            scheduled = ckpt.should_save(step) or step == num_steps
+            if preempted or scheduled:
                 if sums is not None:
                     _check_and_summarize(dict(sums), ckpt)  # never save a non-finite state
+                # A save forced off the schedule is marked: it is kept to resume from, not averaged.
                 ckpt.save(step, state, data_state=train_iter.get_state(), config=dict(run.saved),
-                          force=preempted or step == num_steps, metadata=metadata)
+                          force=True, metadata=metadata, preemption=not scheduled)
     if profiling:  # the run ended inside the profiled range
         jax.profiler.stop_trace()
     return state, step, preempted
@@ -324,13 +326,14 @@ def _final_evaluation(trainer: Trainer, state: TrainState, step: int, started: f
     """Dev metrics and the report on ``config.final_eval_split`` (single-process runs) of the final model.
 
     The final model is the final state's parameters, or with ``eval.final_average_last`` N > 1 the
-    mean of the newest N checkpoints (the paper averages the last 5 or 20; fewer are averaged, and the
-    count reported, when the run saved fewer).
+    mean of the newest N scheduled checkpoints (the paper averages the last 5 or 20; fewer are averaged,
+    and the count reported, when the run saved fewer). A save forced by a preemption is not averaged, so
+    a run stopped and resumed averages what an uninterrupted one does, as evaluate.py does.
     """
     run = trainer.run
     final = {"step": step, "train_seconds": time.time() - started}
     params = state.params
-    saved = [s for s in ckpt.all_steps() if s <= step]
+    saved = ckpt.averageable_steps(step)
     if run.eval.final_average_last > 1 and len(saved) > 1:
         chosen = saved[-run.eval.final_average_last:]
         params = average_checkpoints(ckpt.directory, abstract_state(state), chosen)
