@@ -1,12 +1,37 @@
 """Tests for transformer_jax.evaluation.paper_tables: the paper-comparison table."""
 
+import importlib
+import json
+
 import pytest
 
+from configs import table3
 from transformer_jax.data.config import DataConfig
 from transformer_jax.evaluation import bleu, paper, paper_tables
-from transformer_jax.run_config import EvalConfig
+from transformer_jax.run_config import EvalConfig, RunConfig, run_config_from_saved
 
 RESULTS = {"tokenized_bleu": 26.91, "sacrebleu": 25.87, "ppl": 4.97, "step": 100_000, "num_sentences": 3003}
+
+
+def _run(config_name: str, **overrides) -> RunConfig:
+    """The RunConfig of the config file named ``config_name`` (a Table 3 row: configs/table3.py at the paper's
+    scale, or at ``scale``), with ``{"section.field": value}`` overrides."""
+    scale = overrides.pop("scale", "paper")
+    if config_name.removeprefix("table3/") in paper.TABLE3_BY_NAME:
+        config = table3.get_config(f"{config_name.removeprefix('table3/')},{scale}")
+    else:
+        config = importlib.import_module(f"configs.{config_name}").get_config()
+    saved = json.loads(config.to_json_best_effort())
+    for key, value in overrides.items():
+        section, field = key.split(".")
+        saved[section][field] = value
+    return run_config_from_saved(saved)
+
+
+def _table(config_name: str, split: str, results, **overrides) -> str:
+    """``paper_comparison_table`` of a run of the config ``config_name`` (``_run``)."""
+    run = _run(config_name if config_name != "table3/no-such-row" else "default", **overrides)
+    return paper_tables.paper_comparison_table(config_name, split, results, run=run)
 
 
 def _row(table: str, metric: str) -> list[str]:
@@ -19,7 +44,7 @@ def _row(table: str, metric: str) -> list[str]:
 
 
 def test_en_de_base_test_uses_table2():
-    table = paper_tables.paper_comparison_table("wmt14_en_de_base", "test", RESULTS)
+    table = _table("wmt14_en_de_base", "test", RESULTS)
     assert "Table 2" in table and "newstest2014" in table
     bleu_row = _row(table, "BLEU, tokenized")
     assert bleu_row[1:3] == ["26.91", "27.3"]
@@ -32,7 +57,7 @@ def test_en_de_base_test_uses_table2():
 
 
 def test_en_de_base_dev_uses_table3():
-    table = paper_tables.paper_comparison_table("wmt14_en_de_base", "dev", RESULTS)
+    table = _table("wmt14_en_de_base", "dev", RESULTS)
     assert "Table 3" in table and "newstest2013" in table
     assert _row(table, "BLEU, tokenized")[1:3] == ["26.91", "25.8"]
     assert _row(table, "perplexity")[1:3] == ["4.97", "4.92"]
@@ -40,7 +65,7 @@ def test_en_de_base_dev_uses_table3():
 
 
 def test_en_fr_big_inconsistency_is_flagged():
-    table = paper_tables.paper_comparison_table("wmt14_en_fr_big", "test", RESULTS)
+    table = _table("wmt14_en_fr_big", "test", RESULTS)
     assert _row(table, "BLEU, tokenized")[2] == "41.8 †"
     flag = [line for line in table.splitlines() if line.startswith("†")]
     assert flag == [f"† Inconsistent paper figure: {paper.TABLE2['big'].note}"]
@@ -50,16 +75,16 @@ def test_en_fr_big_inconsistency_is_flagged():
 
 
 def test_en_de_big():
-    table = paper_tables.paper_comparison_table("wmt14_en_de_big", "test", RESULTS)
+    table = _table("wmt14_en_de_big", "test", RESULTS)
     assert _row(table, "BLEU, tokenized")[2] == "28.4"
     assert "†" not in table
-    table = paper_tables.paper_comparison_table("wmt14_en_de_big", "dev", RESULTS)
+    table = _table("wmt14_en_de_big", "dev", RESULTS)
     assert _row(table, "perplexity")[2] == "4.33"
 
 
 @pytest.mark.parametrize("name", ["C-dmodel256", "table3/C-dmodel256"])
 def test_table3_row_names_resolve(name):
-    table = paper_tables.paper_comparison_table(name, "dev", RESULTS)
+    table = _table(name, "dev", RESULTS)
     assert "row 'C-dmodel256'" in table
     assert _row(table, "BLEU, tokenized")[2] == "24.5"
     assert _row(table, "perplexity")[2] == "5.75"
@@ -78,13 +103,13 @@ def test_table3_base_and_big_map_to_table2_on_test():
     assert paper_tables.paper_reference("table3/base", "test").bleu == 27.3
     assert paper_tables.paper_reference("big", "test").bleu == 28.4
     assert paper_tables.paper_reference("C-dmodel256", "test") is None
-    assert "use split 'dev'" in paper_tables.paper_comparison_table("C-dmodel256", "test", RESULTS)
+    assert "use split 'dev'" in _table("C-dmodel256", "test", RESULTS)
 
 
 @pytest.mark.parametrize("name, split", [("default", "test"), ("multi30k", "dev"), ("wmt14_en_fr_big", "dev"),
                                          ("table3/no-such-row", "dev")])
 def test_no_paper_row(name, split):
-    table = paper_tables.paper_comparison_table(name, split, RESULTS)
+    table = _table(name, split, RESULTS)
     assert "| paper |" in table and f"{name!r}" in table
     assert all(cells[2] == "—" for cells in (_row(table, m) for m in ("BLEU", "sacreBLEU", "perplexity")))
     assert _row(table, "BLEU, tokenized")[1:3] == ["26.91", "—"]
@@ -93,18 +118,50 @@ def test_no_paper_row(name, split):
 
 def test_missing_results_and_bleu_result_objects():
     result = bleu.tokenized_bleu(["the cat sat on the mat"], ["the cat sat on the mat"], "en")
-    table = paper_tables.paper_comparison_table("wmt14_en_de_base", "test",
-                                          {"tokenized_bleu": result, "sacrebleu": result.to_dict()})
+    table = _table("wmt14_en_de_base", "test", {"tokenized_bleu": result, "sacrebleu": result.to_dict()})
     assert _row(table, "BLEU, tokenized")[1] == "100.00"
     assert _row(table, "sacreBLEU")[1] == "100.00"
     assert _row(table, "training steps")[1] == "—"
-    empty = paper_tables.paper_comparison_table("wmt14_en_de_base", "test", {})
+    empty = _table("wmt14_en_de_base", "test", {})
     assert _row(empty, "BLEU, tokenized")[1:3] == ["—", "27.3"]
+
+
+@pytest.mark.parametrize("overrides, named", [
+    ({"model.position_encoding": "learned"}, "model.position_encoding='learned' (paper: 'sinusoidal')"),
+    ({"train.num_steps": 1000}, "train.num_steps=1000 (paper: 100000)"),
+    ({"model.dropout_rate": 0.2, "model.norm_style": "pre"},
+     "model.dropout_rate=0.2 (paper: 0.1); model.norm_style='pre' (paper: 'post')"),
+    ({"data.vocab_size": 8000, "model.attention_init": "narrow"},
+     "model.attention_init='narrow' (paper: 'matrix'); data.vocab_size=8000 (paper: 37000)"),
+])
+@pytest.mark.parametrize("split", ["test", "dev"])
+def test_a_run_that_is_not_the_papers_row_is_not_put_beside_it(overrides, named, split):
+    """A paper config with overrides (another position scheme, fewer steps, another dropout...) is the
+    paper's row in name only: the table says what differs and shows no paper figure."""
+    table = _table("wmt14_en_de_base", split, RESULTS, **overrides)
+    assert named in table and "not compared" in table, table
+    cells = {cell.strip() for line in table.splitlines() if line.startswith("|") for cell in line.split("|")}
+    assert not cells & {"27.3", "25.8", "4.92"}, table  # no figure of the paper's row
+    assert all(_row(table, m)[2] == "—" for m in ("BLEU, tokenized", "perplexity"))
+    assert _row(table, "BLEU, tokenized")[1] == "26.91"
+
+
+def test_settings_that_change_how_not_what_keep_the_comparison():
+    table = _table("wmt14_en_de_base", "test", RESULTS, **{
+        "model.attention_impl": "blockwise", "model.dtype": "bfloat16", "data.max_len": 128,
+        "train.grad_accum_steps": 2, "model.max_len": 400})
+    assert _row(table, "BLEU, tokenized")[1:3] == ["26.91", "27.3"]
+    # EN-FR big is trained with P_drop 0.1 (section 6.1), not big's 0.3.
+    assert _row(_table("wmt14_en_fr_big", "test", RESULTS), "BLEU, tokenized")[2] == "41.8 †"
+    # A Table 3 row at a smaller scale is not the paper's row either.
+    assert _row(_table("table3/C-dmodel256", "dev", RESULTS), "BLEU, tokenized")[2] == "24.5"
+    small = _table("table3/C-dmodel256", "dev", RESULTS, scale="cpu")
+    assert "model.d_model=32 (paper: 256)" in small and _row(small, "BLEU, tokenized")[2] == "—"
 
 
 def test_unknown_split_raises():
     with pytest.raises(ValueError, match="split='valid'"):
-        paper_tables.paper_comparison_table("wmt14_en_de_base", "valid", RESULTS)
+        _table("wmt14_en_de_base", "valid", RESULTS)
 
 
 def test_final_summary_puts_each_score_beside_its_yardstick():

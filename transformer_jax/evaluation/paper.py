@@ -25,6 +25,11 @@ BEAM_SIZE = 4  # section 6.1
 LENGTH_PENALTY_ALPHA = 0.6
 MAX_EXTRA_LEN = 50  # max output length = input length + 50
 AVERAGE_LAST = {"base": 5, "big": 20}  # checkpoints averaged for Table 2 (10-minute intervals for base)
+# Section 5.2: one machine with 8 NVIDIA P100 GPUs; base steps took about 0.4 s (100k steps, 12 hours),
+# big steps 1.0 s (300k steps, 3.5 days).
+TRAINING_HARDWARE = "8 NVIDIA P100 GPUs"
+TRAINING_HOURS = {"base": 12.0, "big": 3.5 * 24}
+STEP_SECONDS = {"base": 0.4, "big": 1.0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +84,29 @@ TABLE3 = (
          train={"num_steps": 300_000}),
 )
 TABLE3_BY_NAME = {row.name: row for row in TABLE3}
+
+EN_FR_DROPOUT = 0.1  # section 6.1: the EN-FR big model used P_drop = 0.1 instead of 0.3
+# The training recipe every row of Tables 2 and 3 shares (sections 5.1-5.4), as run-config fields.
+RECIPE = {"train.warmup_steps": WARMUP_STEPS, "train.learning_rate_scale": 1.0,
+          "train.adam_b1": ADAM["b1"], "train.adam_b2": ADAM["b2"], "train.adam_eps": ADAM["eps"],
+          "train.max_grad_norm": 0.0, "train.cooldown_steps": 0, "data.tokens_per_batch": TOKENS_PER_BATCH}
+
+
+def row_fields(row_name: str, lang: str = "en_de") -> dict[str, Any]:
+    """What Table 3's row ``row_name`` (and Table 2's model of that name, on ``lang``) fixes, as run-config
+    fields: ``{"train.num_steps": 100000, "model.d_model": 256, "data.vocab_size": 37000, ...}``.
+
+    ``model.*`` holds only the row's changes: the other model fields are ``ModelConfig``'s defaults, the
+    base model. ``lang``: "en_de" (Tables 2 and 3) or "en_fr" (Table 2; the big model with P_drop 0.1).
+    """
+    row = TABLE3_BY_NAME[row_name]
+    fields = {**RECIPE, **{f"train.{k}": v for k, v in {**BASE_TRAIN, **row.train}.items()},
+              **{f"model.{k}": v for k, v in row.model.items()},
+              "data.src_lang": "en", "data.tgt_lang": lang.removeprefix("en_"),
+              "data.vocab_size": VOCAB_EN_DE if lang == "en_de" else VOCAB_EN_FR}
+    if lang == "en_fr":
+        fields["model.dropout_rate"] = EN_FR_DROPOUT
+    return fields
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,6 +7,13 @@ and BLEU, EN-DE, no checkpoint averaging). A config is matched to paper rows thr
 ``paper.CONFIG_TO_PAPER`` (e.g. ``wmt14_en_de_base``); a Table 3 row name (``C-dmodel256``) or
 ``table3/<row>`` names that row directly, and the ``base`` and ``big`` rows also match Table 2 EN-DE.
 
+A run sits beside a paper row only when it is that row: every field the row fixes (``paper.row_fields``:
+the model, the steps, label smoothing, the schedule, the batch, the vocabulary) must be the paper's, and
+every other model field ``ModelConfig``'s default, except those that change how the model is computed,
+not what it is (``HOW_FIELDS``). A run with an override (another position scheme, fewer steps, another
+dropout) gets its numbers alone and a line naming what differs; a new model field is compared unless it is
+added to ``HOW_FIELDS``.
+
 The paper's BLEU is tokenized and compound-split (see ``transformer_jax.evaluation.bleu``), so the comparable
 number of a run is ``tokenized_bleu``; sacreBLEU is shown for reference only. Inconsistent paper figures
 (the EN-FR big score) are flagged in a footnote, never silently picked.
@@ -19,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from transformer_jax.evaluation import paper
+from transformer_jax.model.config import ModelConfig
 
 TEST_SETS = {"test": "newstest2014", "dev": "newstest2013"}
 # Sentences in the full test sets; a smaller count means a subset, whose BLEU is not the paper's.
@@ -29,6 +37,10 @@ PAPER_VOCAB = {"EN-DE": f"{paper.VOCAB_EN_DE:,} shared BPE", "EN-FR": f"{paper.V
 # (paper_tables.json, bleu_protocol.measured_gaps_same_outputs).
 SACREBLEU_GAP = "about 0.7-1.9"
 _NONE = "—"
+# ModelConfig fields that change how the model is computed, not what it is: a run may set them and still
+# be compared with the paper's row. Every other field must be the row's.
+HOW_FIELDS = ("vocab_size", "max_len", "attention_impl", "attention_block_size", "dtype", "attention_witness",
+              "deterministic", "decode")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +53,7 @@ class PaperReference:
     ppl: float | None  # Table 3 only
     train_steps: int
     average_last: int | None  # checkpoints averaged (Table 2); None for Table 3
+    fields: Mapping[str, Any]  # what the row fixes, as run-config fields (``paper.row_fields``)
     inconsistency: str = ""  # the paper contradicts itself about ``bleu``; say so wherever it is shown
 
 
@@ -62,10 +75,25 @@ def paper_reference(config_name: str, split: str) -> PaperReference | None:
         return None
     return PaperReference(
         source=f"Table 3, row {row.name!r}, EN-DE", lang_pair="EN-DE", bleu=row.bleu_dev, ppl=row.ppl_dev,
-        train_steps=row.num_steps, average_last=None)
+        train_steps=row.num_steps, average_last=None, fields=paper.row_fields(row.name))
 
 
-def paper_comparison_table(config_name: str, split: str, results: Mapping[str, Any]) -> str:
+def paper_differences(reference: PaperReference, run: Any) -> list[str]:
+    """``["model.position_encoding='learned' (paper: 'sinusoidal')", ...]``: where ``run`` (a RunConfig)
+    is not the paper's row: the fields the row fixes, and every model field but ``HOW_FIELDS``."""
+    row_model = {k.removeprefix("model."): v for k, v in reference.fields.items() if k.startswith("model.")}
+    paper_model = ModelConfig(vocab_size=run.model.vocab_size, **row_model)
+    differences = [f"model.{f.name}={getattr(run.model, f.name)!r} (paper: {getattr(paper_model, f.name)!r})"
+                   for f in dataclasses.fields(ModelConfig) if f.name not in HOW_FIELDS
+                   and getattr(run.model, f.name) != getattr(paper_model, f.name)]
+    for key, value in reference.fields.items():
+        section, name = key.split(".")
+        if section != "model" and getattr(getattr(run, section), name) != value:
+            differences.append(f"{key}={getattr(getattr(run, section), name)!r} (paper: {value!r})")
+    return differences
+
+
+def paper_comparison_table(config_name: str, split: str, results: Mapping[str, Any], *, run: Any) -> str:
     """A markdown table of this run's evaluation beside the paper's row for the config.
 
     Args:
@@ -74,23 +102,31 @@ def paper_comparison_table(config_name: str, split: str, results: Mapping[str, A
       results: this run's numbers; recognised keys are ``tokenized_bleu``, ``sacrebleu`` (floats, or
         ``bleu.BleuResult``s or their ``to_dict()``), ``ppl``, ``step`` and ``num_sentences``.
         Missing keys are shown as a dash.
+      run: the run's RunConfig. The paper's figures are shown only if it is the row's run
+        (``paper_differences`` is empty).
 
     Returns:
       A heading line, the table (columns: metric, this run, paper, note) and footnote lines. Configs with
-      no paper row (synthetic data, Multi30k, ...) get this run's numbers and a line saying so.
+      no paper row (synthetic data, Multi30k, ...), and runs that differ from their config's row, get this
+      run's numbers and a line saying why.
     """
     reference = paper_reference(config_name, split)
     test_set = TEST_SETS[split]
     tokenized, sacre = _number(results.get("tokenized_bleu")), _number(results.get("sacrebleu"))
     ppl, step = _number(results.get("ppl")), _number(results.get("step"))
     num_sentences = _number(results.get("num_sentences"))
+    differences = paper_differences(reference, run) if reference is not None else []
 
-    if reference is None:
+    if reference is None or differences:
         table = "Table 2" if split == "test" else "Table 3"
-        lines = [f"**{config_name}**, split {split!r}", "",
-                 f"The paper has no row for config {config_name!r} on split {split!r} ({table}, {test_set}); "
-                 "this run's numbers only.", ""]
-        if split == "test" and config_name.removeprefix("table3/") in paper.TABLE3_BY_NAME:
+        why = (f"The paper has no row for config {config_name!r} on split {split!r} ({table}, {test_set}); "
+               "this run's numbers only.")
+        if differences:
+            why = (f"This run is not the paper's {reference.source}, so it is not compared with it: "
+                   f"{'; '.join(differences)}. This run's numbers only.")
+        lines = [f"**{config_name}**, split {split!r}", "", why, ""]
+        table3_row = config_name.removeprefix("table3/") in paper.TABLE3_BY_NAME
+        if not differences and split == "test" and table3_row:
             lines[-1:-1] = ["Table 3 reports newstest2013 only: use split 'dev' to compare this row."]
         rows = [("BLEU, tokenized + compound-split", _fmt(tokenized), _NONE, ""),
                 ("sacreBLEU (13a, detokenized)", _fmt(sacre), _NONE, ""),
@@ -146,7 +182,8 @@ def _table2_reference(row_name: str, lang: str) -> PaperReference:
         source=f"Table 2, {row.model}, {lang_pair}", lang_pair=lang_pair,
         bleu=row.bleu_en_de if lang == "en_de" else row.bleu_en_fr, ppl=None,
         train_steps=paper.TABLE3_BY_NAME[row_name].num_steps,
-        average_last=paper.AVERAGE_LAST[row_name], inconsistency=inconsistency)
+        average_last=paper.AVERAGE_LAST[row_name], fields=paper.row_fields(row_name, lang),
+        inconsistency=inconsistency)
 
 
 def _check_split(split: str) -> None:

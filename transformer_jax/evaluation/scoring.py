@@ -146,4 +146,4 @@ def evaluate_restored(restored, params, batches, ppl: dict, *, split: str, avera
     }
     table_split = split if split in ("dev", "test") else "test"
     return (scores["hypotheses"], results,
-            paper_tables.paper_comparison_table(run.name, table_split, results))
+            paper_tables.paper_comparison_table(run.name, table_split, results, run=run))
