@@ -4,6 +4,7 @@ import logging
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 from shared_data import SHARED_DATA
@@ -255,3 +256,29 @@ def test_connectivity_probe_is_bounded():
     start = time.monotonic()
     assert sources.is_online(("unreachable.invalid", 443), timeout_s=1.0) is False
     assert time.monotonic() - start < 3
+
+
+@pytest.mark.parametrize("processes", [False, True], ids=["in_process", "worker_processes"])
+def test_tfds_train_split_goes_through_the_data_cache_with_the_same_batches(tiny_tfds_dir, tmp_path,
+                                                                           monkeypatch, processes):
+    """Read once into the cache (the workers open the prepared folder, no registered builder needed), then
+    mapped; the batches equal those of the lazy TFDS view encoded in memory."""
+    from transformer_jax.data import batching, corpus_cache, tokenizer
+
+    if processes:
+        monkeypatch.setattr(corpus_cache, "SMALL_PAIRS", 0)
+    cfg = default_data_config(source="tfds", tfds_name="tiny_translate_for_test", tfds_data_dir=tiny_tfds_dir,
+                              vocab_size=40, max_len=16, length_buckets=(8, 16), tokens_per_batch=64,
+                              cache_dir=str(tmp_path / "cache"))
+    tok = tokenizer.load_or_train_tokenizer(cfg, str(tmp_path / "workdir"))
+    cached = batching.make_train_iterator(cfg, tok, seed=1)
+    assert isinstance(cached._data.src_ids, np.memmap)
+    (entry,) = [p for p in (tmp_path / "cache" / "encoded").iterdir() if p.is_dir()]
+    reference = batching.TrainIterator(batching.tokenize_pairs(get_source(cfg).pairs("train"), tok),
+                                       length_buckets=(8, 16), tokens_per_batch=64, seed=1)
+    assert cached.batches_per_epoch == reference.batches_per_epoch > 1
+    for _ in range(cached.batches_per_epoch + 1):
+        a, b = next(cached), next(reference)
+        np.testing.assert_array_equal(a["inputs"], b["inputs"])
+        np.testing.assert_array_equal(a["targets"], b["targets"])
+    assert len(list((tmp_path / "cache" / "tokenizers").iterdir())) == 2  # the entry and its lock

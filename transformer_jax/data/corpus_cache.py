@@ -51,7 +51,7 @@ from transformer_jax.data.batching import (
     unknown_pairs_warning,
 )
 from transformer_jax.data.sources import (
-    TfdsSource,
+    TfdsPairs,
     blank_pairs_warning,
     get_source,
     normalize_whitespace,
@@ -65,6 +65,7 @@ FORMAT = 1  # bump when the files or their content change; older entries are the
 CACHED_SOURCES = ("text", "tfds")  # the others are generated or small, and tokenized in memory
 CHUNK_PAIRS = 50_000  # rows a worker reads, prepares and encodes at a time
 SMALL_BYTES = 32 << 20  # a text corpus smaller than this is built in the process that needs it
+SMALL_PAIRS = 100_000  # likewise a TFDS split with fewer pairs
 _INDEX_BLOCK = 1 << 24  # bytes read at a time while finding line starts
 
 
@@ -158,47 +159,58 @@ class TextCorpus:
 
 @dataclasses.dataclass(frozen=True)
 class TfdsCorpus:
-    """A TFDS translation dataset's train split, read by index ranges; empty sides are dropped at encoding."""
+    """A prepared TFDS translation dataset's train split, read by index ranges from its folder (a worker
+    needs no registered builder); empty sides are dropped at encoding, as ``tokenize_pairs`` drops them."""
 
     name: str
-    data_dir: str | None
+    builder_dir: str  # the prepared dataset's versioned folder, e.g. .../wmt14_translate/de-en/1.0.0
     src_lang: str
     tgt_lang: str
+    num_rows: int
     processes: int = 0  # worker processes of a build; 0: build in the calling process
-    num_rows: int = 0  # set by indexed()
     skips_blank = False
 
-    def _source(self) -> TfdsSource:
-        return TfdsSource(self.name, data_dir=self.data_dir, src_lang=self.src_lang, tgt_lang=self.tgt_lang,
-                          split_names={"train": "train"})
+    @classmethod
+    def open(cls, data_config: Any) -> TfdsCorpus:
+        source = get_source(data_config)
+        num_rows = len(source.pairs("train"))  # checks the languages and the split first
+        builder = source.prepared_builder()
+        return cls(data_config.tfds_name, str(builder.data_dir), data_config.src_lang, data_config.tgt_lang,
+                   num_rows, 0 if num_rows < SMALL_PAIRS else worker_count())
 
     def indexed(self) -> TfdsCorpus:
-        return dataclasses.replace(self, num_rows=len(self._source().pairs("train")))
+        return self
 
     def describe(self) -> str:
-        return f"TFDS {self.name} train"
+        return f"TFDS {self.name} train ({self.builder_dir})"
 
     def fingerprint(self) -> dict[str, Any]:
-        info = self._source().prepared_builder().info
+        import tensorflow_datasets as tfds
+
+        info = tfds.builder_from_directory(self.builder_dir).info
         files = sorted((os.path.basename(f), os.path.getsize(f)) for f in info.splits["train"].filepaths)
-        return {"source": "tfds", "name": info.full_name, "files": files}
+        return {"source": "tfds", "name": info.full_name, "num_rows": self.num_rows, "files": files}
 
     def read(self, start: int, stop: int) -> tuple[list[str], list[str], dict[str, list[int]]]:
         if "tfds_pairs" not in _worker_state:  # opened once per worker process
-            _worker_state["tfds_pairs"] = self._source().pairs("train")
+            import tensorflow_datasets as tfds
+
+            builder = tfds.builder_from_directory(self.builder_dir)
+            source = builder.as_data_source(split="train", file_format="array_record")
+            _worker_state["tfds_pairs"] = TfdsPairs(source, self.src_lang, self.tgt_lang)
         pairs = _worker_state["tfds_pairs"][start:stop]
         return [s for s, _ in pairs], [t for _, t in pairs], {}
 
 
 def open_corpus(data_config: Any) -> TextCorpus | TfdsCorpus:
-    """The train split of a cached source, named but not read (``indexed()`` reads it). A text corpus
-    under ``SMALL_BYTES`` is built in the calling process; any other by ``worker_count()`` processes."""
+    """The train split of a cached source, named but not read (``indexed()`` reads it). One under
+    ``SMALL_BYTES`` of text or ``SMALL_PAIRS`` pairs is built in the calling process, any other by
+    ``worker_count()`` processes."""
     if data_config.source == "text":
         src_path, tgt_path = get_source(data_config).paths("train")
         size = sum(path.stat().st_size for path in (src_path, tgt_path) if path.is_file())
         return TextCorpus(src_path, tgt_path, 0 if size < SMALL_BYTES else worker_count())
-    return TfdsCorpus(data_config.tfds_name, data_config.tfds_data_dir or None, data_config.src_lang,
-                      data_config.tgt_lang, worker_count())
+    return TfdsCorpus.open(data_config)
 
 
 # ----------------------------------------------------------------------------- worker processes
