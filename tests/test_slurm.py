@@ -27,6 +27,7 @@ import pytest
 from local_slurm import LocalSlurm, unavailable_reason
 
 from transformer_jax.checkpoints import restore
+from transformer_jax.data.synthetic import SyntheticSource
 from transformer_jax.sweep import report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -188,16 +189,35 @@ def test_sweep_array_equals_local_and_resumes_a_cancelled_row(slurm, tmp_path):
     assert all(row["status"] == "done" for row in _report_numbers(array))
 
 
+def _text_corpus(folder) -> None:
+    """The synthetic task's splits written as text files, for the text source."""
+    source = SyntheticSource(train_size=400, dev_size=16, test_size=16, seed=0)
+    folder.mkdir()
+    for split, prefix in (("train", "train"), ("dev", "val"), ("test", "test")):
+        pairs = source.pairs(split)
+        for lang, side in (("en", 0), ("de", 1)):
+            (folder / f"{prefix}.{lang}").write_text("".join(pair[side] + "\n" for pair in pairs))
+
+
 def test_srun_two_processes_equal_two_devices(slurm, tmp_path):
-    flags = [f"--config.{k}={v}" for k, v in TINY_FLAGS.items()]
+    """On a text corpus: the job's two processes make one data cache entry (the other waits for it) and
+    both map it."""
+    _text_corpus(tmp_path / "data")
+    flags = [f"--config.{k}={v}" for k, v in TINY_FLAGS.items()] + [
+        "--config.data.source=text", f"--config.data.dir={tmp_path / 'data'}"]
     job_dir, reference = tmp_path / "job", tmp_path / "reference"
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
-    single = _run([sys.executable, "train.py", f"--workdir={reference}", *flags], env)  # first: the job's
-    assert single.returncode == 0, single.stderr[-2000:]  # processes then find some of its programs compiled
-    job = _train_job(slurm, job_dir, flags, "--ntasks=2")
+    single = _run([sys.executable, "train.py", f"--workdir={reference}", *flags,  # first: the job's processes
+                   f"--config.data.cache_dir={tmp_path / 'reference_cache'}"], env)  # then find some of its
+    assert single.returncode == 0, single.stderr[-2000:]  # programs compiled
+    job = _train_job(slurm, job_dir, [*flags, f"--config.data.cache_dir={tmp_path / 'job_cache'}"],
+                     "--ntasks=2")
     (task,) = _wait_for(slurm, job)
     log = _log_text(job_dir / f"slurm-{job}.out")
     assert task["JobState"] == "COMPLETED" and "2 devices, 2 processes" in log, log[-3000:]
+    assert log.count("Encoding the train split") == 1, log[-3000:]  # one build, by one of the two
+    assert log.count("train pairs mapped from") == 2, log[-3000:]  # both map it
+    assert len([p for p in (tmp_path / "job_cache" / "encoded").iterdir() if p.is_dir()]) == 1
 
     _assert_bitwise_equal(job_dir, reference)  # each process fed its own rows, as the two devices did
     assert _logged_steps(job_dir) == [10, 20, 30, 40]  # process 0 alone writes metrics
