@@ -15,7 +15,8 @@ everything; ``summary.md`` is printed):
 - ``scaling`` (section 3.2.1): attention entropy with and without 1/sqrt(d_k), on random unit-variance
   q, k as d_k grows and on the model's own q, k (``scaling*``).
 - ``positions`` (section 3.5): PE(pos+k) = M_k PE(pos) for one block-diagonal rotation M_k per offset k,
-  and the cosine similarity of positions (``positions*``).
+  and the cosine similarity of positions (``positions*``), on the positions the model has: the sinusoid,
+  or its learned tables; for another scheme the section says it does not apply.
 - ``complexity`` (Table 1 measured): XLA's FLOPs and the wall time of one self-attention layer against
   n, beside n^2 d and n d^2, dense and blockwise (``complexity.*``).
 - ``ablation``: every head ablated in turn (its rows of W^O zeroed) and the change in dev loss, because an

@@ -2,6 +2,9 @@
 
 ``pe_linear_offset_error`` fits M_k (one 2x2 block per (sin, cos) column pair) from the table itself, so it
 tests the property the paper relies on, not the formula; ``pe_rotation`` builds the analytic rotation.
+``model_positions_report`` analyses the positions a model has: the sinusoidal table, or its own learned
+tables (Table 3 row E), which the same fit measures; for any other scheme it returns None (the section
+does not apply).
 """
 
 from __future__ import annotations
@@ -98,15 +101,49 @@ def positions_report(max_len: int, d_model: int, offsets: Sequence[int] | None =
     return {"table": table, "rows": rows, "cosine": position_cosine_similarity(table)}
 
 
+def learned_positions_report(tables: dict[str, np.ndarray], offsets: Sequence[int] | None = None
+                             ) -> dict[str, Any]:
+    """The fitted linear-offset check on a model's learned position tables (no formula to compare with).
+
+    Args:
+      tables: {"encoder": float[max_len, d_model], "decoder": ...}, even d_model.
+
+    Returns:
+      {"kind": "learned", "table": the encoder's table, "rows": [{"k", "fit_error" (encoder),
+      "decoder_fit_error"}], "cosine": of the encoder's table}.
+    """
+    encoder = np.asarray(tables["encoder"])
+    offsets = list(range(1, encoder.shape[0] - 1)) if offsets is None else list(offsets)
+    rows = [{"k": k, "fit_error": pe_linear_offset_error(encoder, k),
+             **{f"{side}_fit_error": pe_linear_offset_error(np.asarray(table), k)
+                for side, table in tables.items() if side != "encoder"}} for k in offsets]
+    return {"kind": "learned", "table": encoder, "rows": rows, "cosine": position_cosine_similarity(encoder)}
+
+
+def model_positions_report(cfg: Any, params: Any, offsets: Sequence[int] | None = None
+                           ) -> dict[str, Any] | None:
+    """The positions report of what the model ``cfg`` has: its sinusoidal table (``positions_report``), or
+    its learned tables, read from ``params`` (``learned_positions_report``); None for any other scheme."""
+    if cfg.position_encoding == "sinusoidal":
+        return {"kind": "sinusoidal", **positions_report(cfg.max_len, cfg.d_model, offsets)}
+    if cfg.position_encoding == "learned":
+        tables = {side: params[side]["positions"]["position_embedding"] for side in ("encoder", "decoder")}
+        return learned_positions_report(tables, offsets)
+    return None
+
+
 def plot_positions(report: dict[str, Any], path: str) -> str:
-    """The table, the cosine similarity of positions and the offset errors of ``positions_report``."""
+    """The table, the cosine similarity of positions and the offset errors of ``positions_report`` (or of
+    ``learned_positions_report``: the fitted errors of each table)."""
     table, rows = report["table"], report["rows"]
+    learned = report.get("kind") == "learned"
     fig = artifacts.figure(16, 4.6)
     ax = fig.add_subplot(1, 3, 1)
     image = ax.imshow(table, cmap="RdBu", vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
     ax.set_xlabel("dimension (even: sin, odd: cos)")
     ax.set_ylabel("position")
-    ax.set_title(f"sinusoidal encoding [{table.shape[0]} x {table.shape[1]}]", fontsize=10)
+    ax.set_title(f"{'learned encoder table' if learned else 'sinusoidal encoding'} "
+                 f"[{table.shape[0]} x {table.shape[1]}]", fontsize=10)
     fig.colorbar(image, ax=ax, fraction=0.04)
     ax = fig.add_subplot(1, 3, 2)
     image = ax.imshow(report["cosine"], cmap="viridis", vmin=-1, vmax=1, interpolation="nearest")
@@ -116,12 +153,16 @@ def plot_positions(report: dict[str, Any], path: str) -> str:
     fig.colorbar(image, ax=ax, fraction=0.04)
     ax = fig.add_subplot(1, 3, 3)
     ks = [r["k"] for r in rows]
-    ax.semilogy(ks, [max(r["fit_error"], 1e-12) for r in rows], ".", label="fitted block-diagonal M_k")
-    ax.semilogy(ks, [max(r["analytic_error"], 1e-12) for r in rows], ".", label="analytic rotation M_k")
+    series = ([("fit_error", "encoder, fitted M_k"), ("decoder_fit_error", "decoder, fitted M_k")] if learned
+              else [("fit_error", "fitted block-diagonal M_k"), ("analytic_error", "analytic rotation M_k")])
+    for key, label in series:
+        if rows and key in rows[0]:
+            ax.semilogy(ks, [max(r[key], 1e-12) for r in rows], ".", label=label)
     ax.set_xlabel("offset k")
     ax.set_ylabel("max_pos |PE(pos+k) - M_k PE(pos)|")
-    ax.set_title("PE(pos+k) is a linear function of PE(pos)", fontsize=10)
-    ax.set_ylim(1e-9, 1)
+    ax.set_title("is PE(pos+k) a linear function of PE(pos)?" if learned
+                 else "PE(pos+k) is a linear function of PE(pos)", fontsize=10)
+    ax.set_ylim(1e-9, max([1.0, *(r[key] for r in rows for key, _ in series if key in r)]))
     ax.legend(fontsize=8)
     fig.tight_layout()
     return artifacts.save(fig, path)

@@ -13,8 +13,6 @@ import sys
 import time
 from typing import Any
 
-import numpy as np
-
 from transformer_jax.evaluation import paper
 from transformer_jax.inspect import (
     ablation,
@@ -90,13 +88,8 @@ def run(workdir: str, sentence: str, out_dir: str | None = None, *, step: int | 
     files["scaling_model_csv"] = table(model_rows, "scaling_model", 4)
     files["scaling_png"] = scaling.plot_scaling(random_rows, model_rows, os.path.join(out_dir, "scaling.png"))
 
-    pos = positions.positions_report(cfg.max_len, cfg.d_model)
-    learned_error = None
-    if cfg.position_encoding == "learned":  # Table 3 (E): does the learned table have the property?
-        learned = np.asarray(restored.params["encoder"]["positions"]["position_embedding"])
-        learned_error = max(positions.pe_linear_offset_error(learned, k) for k in (1, 2, 4, 8))
-    files["positions_csv"] = table(pos["rows"], "positions_offset", 9)
-    files["positions_png"] = positions.plot_positions(pos, os.path.join(out_dir, "positions.png"))
+    positions_results, positions_files = positions_section(cfg, restored.params, out_dir)
+    files.update(positions_files)
 
     cost_rows = []
     if options.benchmark:
@@ -128,11 +121,7 @@ def run(workdir: str, sentence: str, out_dir: str | None = None, *, step: int | 
         "dev_max_len": max(max(b.inputs.shape[1], b.targets.shape[1]) for b in batches),
         "head_stats": stat_rows,
         "scaling_random": random_rows, "scaling_model": model_rows,
-        "positions": {"max_fit_error": max(r["fit_error"] for r in pos["rows"]),
-                      "max_analytic_error": max(r["analytic_error"] for r in pos["rows"]),
-                      "max_fit_vs_analytic": max(r["fit_vs_analytic"] for r in pos["rows"]),
-                      "learned_encoder_table_error_k1to8": learned_error,
-                      "offsets": [pos["rows"][0]["k"], pos["rows"][-1]["k"]]},
+        "positions": positions_results,
         "complexity": cost_rows, "alignment": align_rows,
         "ablation_baseline": None if ablated is None else ablated[ablation.BASELINE],
         "files": {k: os.path.relpath(v, out_dir) for k, v in files.items()},
@@ -144,6 +133,43 @@ def run(workdir: str, sentence: str, out_dir: str | None = None, *, step: int | 
         json.dump(results, f, indent=1, default=float)
     page.write_html(os.path.join(out_dir, "index.html"), results, manifest, sm, cfg)
     return results
+
+
+def positions_section(cfg: Any, params: Any, out_dir: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """The positions analysis of what the model has (``positions.model_positions_report``), written into
+    ``out_dir``: (its results, {file key: path}); for a scheme it does not know, {"applies": False} and no
+    files."""
+    report = positions.model_positions_report(cfg, params)
+    if report is None:
+        return {"applies": False, "position_encoding": cfg.position_encoding}, {}
+    rows = report["rows"]
+    results = {"applies": True, "position_encoding": report["kind"], "offsets": [rows[0]["k"], rows[-1]["k"]],
+               **{f"max_{key}": max(r[key] for r in rows) for key in rows[0] if key != "k"}}
+    files = {"positions_csv": artifacts.write_table(rows, os.path.join(out_dir, "positions_offset"),
+                                                    digits=9)[0],
+             "positions_png": positions.plot_positions(report, os.path.join(out_dir, "positions.png"))}
+    return results, files
+
+
+def positions_lines(p: dict[str, Any], cfg: Any) -> list[str]:
+    """The summary's positions section for the results of ``positions_section``."""
+    lines = ["", "## Positions", ""]
+    if not p["applies"]:
+        return lines + [f"- This model's position_encoding={p['position_encoding']!r} is neither the paper's "
+                        "sinusoid nor a learned table: the positions analysis does not apply."]
+    k0, k1 = p["offsets"]
+    if p["position_encoding"] == "learned":
+        return lines + [
+            f"- The model's learned position tables (Table 3 row E; d_model={cfg.d_model}): with the best "
+            f"fitted block-diagonal M_k, max |PE(pos+k) - M_k PE(pos)| over k in {k0}..{k1} is "
+            f"{p['max_fit_error']:.2e} (encoder) and {p['max_decoder_fit_error']:.2e} (decoder); a "
+            "sinusoidal table gives float rounding, about 1e-7."]
+    return lines + [
+        f"- PE(pos+k) = M_k PE(pos) for every k in {k0}..{k1} "
+        f"(d_model={cfg.d_model}): max error {p['max_fit_error']:.2e} with the fitted block-diagonal "
+        f"M_k, {p['max_analytic_error']:.2e} with the analytic rotation; fitted vs analytic blocks "
+        f"differ by at most {p['max_fit_vs_analytic']:.2e} (the lowest frequencies barely rotate "
+        "over max_len positions, so the data pins their blocks down only loosely)."]
 
 
 def _top(rows, key, n=3, where=lambda r: True):
@@ -204,17 +230,7 @@ def _scaling_and_positions_lines(results: dict[str, Any], cfg: ModelConfig) -> l
         lines.append(f"- Model {r['kind']} L{r['layer']} (d_k={r['d_k']}): entropy "
                      f"{r['entropy_scaled']:.2f} as trained, {r['entropy_unscaled']:.2f} without the factor "
                      f"(uniform {r['uniform_entropy']:.2f}); std of raw q.k {r['logit_std_unscaled']:.1f}.")
-    p = results["positions"]
-    lines += ["", "## Positions", "",
-              f"- PE(pos+k) = M_k PE(pos) for every k in {p['offsets'][0]}..{p['offsets'][1]} "
-              f"(d_model={cfg.d_model}): max error {p['max_fit_error']:.2e} with the fitted block-diagonal "
-              f"M_k, {p['max_analytic_error']:.2e} with the analytic rotation; fitted vs analytic blocks "
-              f"differ by at most {p['max_fit_vs_analytic']:.2e} (the lowest frequencies barely rotate "
-              "over max_len positions, so the data pins their blocks down only loosely)."]
-    if p["learned_encoder_table_error_k1to8"] is not None:
-        lines.append(f"- The model's learned encoder position table (Table 3 row E): max error "
-                     f"{p['learned_encoder_table_error_k1to8']:.3g} for k = 1, 2, 4, 8.")
-    return lines
+    return lines + positions_lines(results["positions"], cfg)
 
 
 def summarize(results: dict[str, Any], cfg: ModelConfig) -> str:
