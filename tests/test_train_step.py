@@ -4,17 +4,22 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+from tiny import random_params
 
 from transformer_jax.model import loss
+from transformer_jax.model import transformer as model_lib
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import PAD_ID
 from transformer_jax.runtime import sharding
@@ -118,17 +123,17 @@ def _state():
 
 
 @functools.cache
-def _one_device_step(grad_accum_steps=1):
-    """steps.make_train_step of CONFIG and TX on a 1x1 mesh, built once per ``grad_accum_steps``."""
+def _one_device_step(grad_accum_steps=1, loss_chunk_tokens=0):
+    """steps.make_train_step of CONFIG and TX on a 1x1 mesh, built once per setting."""
     mesh = _one_device_mesh()
     _, state_sharding = train_state.create_train_state(CONFIG, TX, mesh, RULES, seed=0)
     return steps.make_train_step(CONFIG, TX, mesh, RULES, state_sharding, label_smoothing=0.1,
-                                 grad_accum_steps=grad_accum_steps)
+                                 grad_accum_steps=grad_accum_steps, loss_chunk_tokens=loss_chunk_tokens)
 
 
-def _two_steps(grad_accum_steps=1):
+def _two_steps(grad_accum_steps=1, loss_chunk_tokens=0):
     """(params as NumPy arrays, metric sums) after two steps on ``_batch(3)``."""
-    step, batch = _one_device_step(grad_accum_steps), _batch(3)
+    step, batch = _one_device_step(grad_accum_steps, loss_chunk_tokens), _batch(3)
     state, _ = step(_state(), batch)
     state, sums = step(state, batch)
     return jax.tree.map(np.asarray, state.params), sums
@@ -248,3 +253,64 @@ def test_sharded_train_step_matches_one_device(two_steps):
         np.testing.assert_allclose(result["loss"], reference_sums["loss"], rtol=1e-6, err_msg=shape)
         for a, b in zip(result["params"], jax.tree.leaves(reference_params), strict=True):
             np.testing.assert_allclose(a, b.ravel(), atol=1e-6, rtol=1e-5, err_msg=shape)
+
+
+# ------------------------------------------------------------------------------------- the chunked loss
+def _loss_and_grads(params, batch, *, chunk_length, rng):
+    """(sums, d loss / d params) of the training loss with dropout on: full logits (chunk_length=0), or
+    ``loss.chunked_cross_entropy_sums`` over chunks of ``chunk_length`` positions."""
+    model = model_lib.Transformer(CONFIG.replace(dropout_rate=0.3))
+
+    def loss_fn(p):
+        variables, targets = {"params": p}, batch["targets"]
+        if chunk_length:
+            hidden = model.apply(variables, batch["inputs"], targets, rngs={"dropout": rng},
+                                 method=model_lib.Transformer.hidden)
+            sums = loss.chunked_cross_entropy_sums(
+                hidden, targets, 0.1, chunk_length=chunk_length,
+                logits_fn=lambda h: model.apply(variables, h, method=model_lib.Transformer.logits))
+        else:
+            logits = model.apply(variables, batch["inputs"], targets, rngs={"dropout": rng})
+            sums = loss.cross_entropy_sums(logits, targets, 0.1)
+        return sums["loss"], sums
+
+    grads, sums = jax.jit(jax.grad(loss_fn, has_aux=True))(params)
+    return jax.tree.map(np.asarray, sums), jax.tree.map(np.asarray, grads)
+
+
+def test_the_chunked_loss_equals_the_full_loss_and_its_gradients():
+    params = random_params(CONFIG, 1)
+    batch, rng = _batch(5), jax.random.key(2)
+    full_sums, full_grads = _loss_and_grads(params, batch, chunk_length=0, rng=rng)
+    sums, grads = _loss_and_grads(params, batch, chunk_length=2, rng=rng)  # 3 chunks, the last padded
+    for key in ("loss", "nll", "correct", "num_tokens"):
+        np.testing.assert_allclose(sums[key], full_sums[key], rtol=1e-6, atol=1e-6, err_msg=key)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6), grads, full_grads)
+
+
+def test_chunk_length_holds_chunk_tokens_per_micro_batch():
+    assert loss.chunk_length(64, 8, 0) == 64  # off: the whole length
+    assert loss.chunk_length(64, 8, 100) == 12  # 100 tokens over 8 rows
+    assert loss.chunk_length(64, 8, 4) == 1  # at least one position
+    assert loss.chunk_length(64, 8, 10**6) == 64  # at most the length
+
+
+def test_the_train_step_with_loss_chunks_gives_the_same_update(two_steps):
+    params, sums = _two_steps(grad_accum_steps=2, loss_chunk_tokens=8)  # micro-batches of 4 rows x 2
+    np.testing.assert_allclose(sums["loss"], two_steps[1]["loss"], rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5), params, two_steps[0])
+
+
+def test_the_chunked_train_step_never_forms_the_whole_logits():
+    """The traced step's largest float32[..., vocab] array: the whole logits without chunks; with chunks
+    of 2 positions, one chunk's (not the whole logits, nor every chunk's logits kept for the backward)."""
+    init = train_state._init_state_fn(CONFIG, TX)
+    state = jax.eval_shape(lambda key: nn.meta.unbox(init(key)), jax.random.key(0))  # traced, not compiled
+    mesh = _one_device_mesh()
+    for chunk_tokens, largest in ((0, BATCH * TGT_LEN * VOCAB), (2 * BATCH, BATCH * 2 * VOCAB)):
+        step = steps.make_train_step(CONFIG, TX, mesh, RULES, NamedSharding(mesh, PartitionSpec()),
+                                     label_smoothing=0.1, loss_chunk_tokens=chunk_tokens)
+        with jax.set_mesh(mesh):
+            program = str(jax.make_jaxpr(step.jitted)(state, _batch()))
+        shapes = [tuple(map(int, dims.split(","))) for dims in re.findall(r"f32\[([\d,]+)\]", program)]
+        assert max(np.prod(s) for s in shapes if s[-1] == VOCAB) == largest, chunk_tokens

@@ -1,8 +1,10 @@
 """The loss and the metrics of section 5.4, shared by training and scoring.
 
-``cross_entropy_sums`` is the label-smoothed cross-entropy over non-pad targets; ``eval_step`` a
-deterministic forward pass to those sums. Metrics are sums with a token count beside them
-(``num_tokens``), normalized only when logged (``summarize``), so padding never biases a loss.
+``cross_entropy_sums`` is the label-smoothed cross-entropy over non-pad targets;
+``chunked_cross_entropy_sums`` the same sums without ever holding the whole float32[batch, length, vocab]
+logits (training's ``train.loss_chunk_tokens``); ``eval_step`` a deterministic forward pass to those sums.
+Metrics are sums with a token count beside them (``num_tokens``), normalized only when logged
+(``summarize``), so padding never biases a loss.
 ``accumulate_metrics`` adds them on the device, so the host reads them only at log intervals.
 """
 
@@ -50,6 +52,50 @@ def cross_entropy_sums(logits: jax.Array, targets: jax.Array, label_smoothing: f
         "correct": jnp.sum(correct * weights),
         "num_tokens": jnp.sum(weights),
     }
+
+
+def chunk_length(length: int, rows: int, chunk_tokens: int) -> int:
+    """Target positions per chunk of the chunked loss: ``chunk_tokens // rows``, in [1, length]
+    (``length`` when ``chunk_tokens`` is 0: one chunk, the whole sequence)."""
+    if not chunk_tokens:
+        return length
+    return max(1, min(length, chunk_tokens // rows))
+
+
+def chunked_cross_entropy_sums(hidden: jax.Array, targets: jax.Array, label_smoothing: float, *,
+                               logits_fn: Callable[[jax.Array], jax.Array], chunk_length: int) -> dict:
+    """``cross_entropy_sums(logits_fn(hidden), targets, label_smoothing)``, a chunk of positions at a time.
+
+    The logits of one chunk, float32[batch, chunk_length, vocab], are all that exists at once: a scan
+    over the chunks adds their sums, and ``jax.checkpoint`` makes the backward pass recompute each
+    chunk's logits rather than keep them (one more output projection: 1/3 more of its FLOPs). The
+    sums equal the full loss's up to float reassociation; so do the gradients.
+
+    Args:
+      hidden: float[batch, length, d_model], the decoder output (``Transformer.hidden``).
+      targets: int[batch, length]; PAD_ID marks padding. The length is padded with PAD_ID (weight 0) to
+        a multiple of ``chunk_length``.
+      logits_fn: float[batch, n, d_model] -> float32[batch, n, vocab] (``Transformer.logits``).
+    """
+    batch, length = targets.shape
+    num_chunks = -(-length // chunk_length)
+    pad = num_chunks * chunk_length - length
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)), constant_values=PAD_ID)
+
+    def chunks(x):  # [B, C * c, ...] -> [C, B, c, ...]
+        return jnp.swapaxes(x.reshape(batch, num_chunks, chunk_length, *x.shape[2:]), 0, 1)
+
+    @jax.checkpoint
+    def chunk_sums(h, t):
+        return cross_entropy_sums(logits_fn(h), t, label_smoothing)
+
+    def add(total, chunk):
+        return jax.tree.map(jnp.add, total, chunk_sums(*chunk)), None
+
+    zeros = {k: jnp.zeros((), jnp.float32) for k in ("loss", "nll", "correct", "num_tokens")}
+    sums, _ = jax.lax.scan(add, zeros, (chunks(hidden), chunks(targets)))
+    return sums
 
 
 def eval_step(params, batch: dict, *, model: Transformer, label_smoothing: float) -> dict:

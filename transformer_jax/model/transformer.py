@@ -381,7 +381,8 @@ class Decoder(nn.Module):
 
     @nn.compact
     def __call__(self, encoded: Array | None, inputs: Array, decoder_input_tokens: Array,
-                 cache: DecodeCache | None = None) -> Array | tuple[Array, DecodeCache]:
+                 cache: DecodeCache | None = None, *,
+                 hidden_only: bool = False) -> Array | tuple[Array, DecodeCache]:
         """Logits for the next token at every decoder position, or in decode mode for one cached step.
 
         Args:
@@ -391,6 +392,8 @@ class Decoder(nn.Module):
           decoder_input_tokens: int[batch, tgt_len], targets shifted right. In decode mode
             int[batch * beams, 1]: one position of every beam (row ``b * beams + k``).
           cache: decode mode only (``config.decode``): from :meth:`init_cache` or the previous step.
+          hidden_only: return the last layer's output float[batch, tgt_len, d_model], before the output
+            projection (``Embed.attend``); not in decode mode.
 
         Returns:
           float32[batch, tgt_len, vocab_size] logits; in decode mode float32[batch * beams, 1, vocab]
@@ -419,6 +422,8 @@ class Decoder(nn.Module):
             cache = cache._replace(layers=tuple(written), index=cache.index + 1)
         if cfg.norm_style == "pre":
             x = _layer_norm(cfg, "final_norm")(x)
+        if hidden_only and cache is None:  # the chunked training loss projects it a chunk at a time
+            return x
         logits = self.embed.attend(x)
         return logits if cache is None else (logits, cache)
 
@@ -463,6 +468,15 @@ class Transformer(nn.Module):
         """Teacher-forced logits float32[batch, tgt_len, vocab] for int[batch, src_len] inputs and
         int[batch, tgt_len] targets (the decoder sees ``shift_right(targets)``)."""
         return self.decode(self.encode(inputs), inputs, shift_right(targets))
+
+    def hidden(self, inputs: Array, targets: Array) -> Array:
+        """``__call__`` without the output projection: float[batch, tgt_len, d_model], same dropout;
+        ``logits(hidden(inputs, targets)) == __call__(inputs, targets)``."""
+        return self.decoder(self.encode(inputs), inputs, shift_right(targets), hidden_only=True)
+
+    def logits(self, hidden: Array) -> Array:
+        """The output projection x E^T: float[batch, n, d_model] -> float32[batch, n, vocab]."""
+        return self.shared_embedding.attend(hidden)
 
 
 def init_params(config: ModelConfig, *, rng: Array, src_len: int = 8, tgt_len: int = 8) -> Any:

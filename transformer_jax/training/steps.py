@@ -17,7 +17,7 @@ import optax
 
 from transformer_jax.model import axes
 from transformer_jax.model.config import ModelConfig
-from transformer_jax.model.loss import cross_entropy_sums
+from transformer_jax.model.loss import chunk_length, chunked_cross_entropy_sums, cross_entropy_sums
 from transformer_jax.model.special_ids import PAD_ID
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.runtime import sharding
@@ -28,12 +28,14 @@ NO_BAD_STEP = np.iinfo(np.int32).max  # "no non-finite loss seen" in the bad_ste
 
 def train_step(state: TrainState, batch: dict, *, model: Transformer,
                tx: optax.GradientTransformation, label_smoothing: float,
-               grad_accum_steps: int = 1) -> tuple[TrainState, dict]:
+               grad_accum_steps: int = 1, loss_chunk_tokens: int = 0) -> tuple[TrainState, dict]:
     """One optimizer update on a global batch; pure.
 
     The batch is split into ``grad_accum_steps`` micro-batches (rows j, j+k, j+2k, ... so that each
     stays spread over the 'data' axis); gradients of the summed loss are accumulated and divided by the
     token count of the whole batch, so the update equals the one a single large batch would give.
+    With ``loss_chunk_tokens`` > 0 the loss forms the logits of at most that many target positions of a
+    micro-batch at a time (``loss.chunked_cross_entropy_sums``): the same sums and gradients, less memory.
 
     Args:
       state: the TrainState.
@@ -47,9 +49,16 @@ def train_step(state: TrainState, batch: dict, *, model: Transformer,
     step_rng = jax.random.fold_in(state.rng, state.step)
 
     def loss_fn(params, micro_batch, rng):
-        logits = model.apply({"params": params}, micro_batch["inputs"], micro_batch["targets"],
-                             rngs={"dropout": rng})
-        sums = cross_entropy_sums(logits, micro_batch["targets"], label_smoothing)
+        variables, inputs, targets = {"params": params}, micro_batch["inputs"], micro_batch["targets"]
+        if loss_chunk_tokens:
+            hidden = model.apply(variables, inputs, targets, rngs={"dropout": rng}, method=Transformer.hidden)
+            sums = chunked_cross_entropy_sums(
+                hidden, targets, label_smoothing,
+                logits_fn=lambda h: model.apply(variables, h, method=Transformer.logits),
+                chunk_length=chunk_length(targets.shape[1], targets.shape[0], loss_chunk_tokens))
+        else:
+            logits = model.apply(variables, inputs, targets, rngs={"dropout": rng})
+            sums = cross_entropy_sums(logits, targets, label_smoothing)
         return sums["loss"] / num_tokens, sums
 
     grad_fn = jax.grad(loss_fn, has_aux=True)
@@ -102,7 +111,8 @@ class TrainStepFn:
 
 
 def make_train_step(model_config: ModelConfig, tx: optax.GradientTransformation, mesh, rules,
-                    state_sharding, *, label_smoothing: float, grad_accum_steps: int = 1) -> TrainStepFn:
+                    state_sharding, *, label_smoothing: float, grad_accum_steps: int = 1,
+                    loss_chunk_tokens: int = 0) -> TrainStepFn:
     """The compiled train step: ``state, sums = step(state, global_batch)``.
 
     ``train_step`` jitted with the state laid out by ``state_sharding`` (from ``create_train_state``), the
@@ -116,10 +126,12 @@ def make_train_step(model_config: ModelConfig, tx: optax.GradientTransformation,
       state_sharding: the TrainState's shardings.
       label_smoothing: eps_ls.
       grad_accum_steps: micro-batches per update; the global batch must divide by it.
+      loss_chunk_tokens: > 0: the loss's logits are formed that many target tokens at a time.
     """
     jitted = jax.jit(
         functools.partial(train_step, model=Transformer(model_config), tx=tx,
-                          label_smoothing=label_smoothing, grad_accum_steps=grad_accum_steps),
+                          label_smoothing=label_smoothing, grad_accum_steps=grad_accum_steps,
+                          loss_chunk_tokens=loss_chunk_tokens),
         in_shardings=(state_sharding, sharding.batch_sharding(mesh)),
         out_shardings=(state_sharding, None), donate_argnums=0)
     return TrainStepFn(jitted, mesh, rules)
