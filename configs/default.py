@@ -73,6 +73,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.train.label_smoothing = paper.BASE_TRAIN["label_smoothing"]  # epsilon_ls 0.1 (section 5.4)
     config.train.grad_accum_steps = 1  # micro-batches per update; each batch is split this many ways
     config.train.max_grad_norm = 0.0  # global norm clipping; 0 disables it (the paper does not clip)
+    # > 0: the loss forms the logits of at most this many target tokens at a time (same loss and gradients,
+    # less memory: docs/wmt.md); 0 forms a whole micro-batch's [tokens, vocab] logits at once.
+    config.train.loss_chunk_tokens = 0
 
     # Logging, evaluation and checkpoints.
     config.log_every_steps = 50  # host syncs only at these steps

@@ -57,6 +57,7 @@ class TrainConfig:
     grad_accum_steps: int = 1
     max_grad_norm: float = 0.0  # 0: no clipping
     cooldown_steps: int = 0  # the last N updates ramp the rate linearly to 0
+    loss_chunk_tokens: int = 0  # > 0: the loss forms the logits this many target tokens at a time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,6 +207,8 @@ def _check_train(config: Mapping[str, Any]) -> None:
     _check_number(config, "train.adam_eps", 0.0, low_open=True)
     _check_number(config, "train.label_smoothing", 0.0, 1.0, high_open=True)
     _check_number(config, "train.max_grad_norm", 0.0, hint="0 disables clipping")
+    _check_int(config, "train.loss_chunk_tokens", 0,
+               "0 forms the logits of a whole micro-batch at once")
 
 
 def _check_loop(config: Mapping[str, Any]) -> None:

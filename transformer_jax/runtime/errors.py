@@ -48,6 +48,11 @@ class WorkdirBusyError(UserError, RuntimeError):
     """Another run holds the workdir; the message names its pid and host."""
 
 
+class OutOfMemoryError(UserError, MemoryError):
+    """A train step needs more memory than the host or device has; the message names the estimate,
+    what is available and the config fields that reduce it (``training/memory.py``)."""
+
+
 def disk_full_message(error: OSError) -> str:
     """One line for an ``OSError(ENOSPC)`` nothing else explained: the file and the filesystem."""
     where = error.filename or os.getcwd()

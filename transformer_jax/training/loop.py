@@ -44,7 +44,7 @@ from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import PAD_ID
 from transformer_jax.run_config import RunConfig
 from transformer_jax.runtime import sharding, timing
-from transformer_jax.training import steps
+from transformer_jax.training import memory, steps
 from transformer_jax.training.metric_writer import MetricWriter
 from transformer_jax.training.preemption import Preempted, PreemptionGuard
 from transformer_jax.training.train_state import (
@@ -123,7 +123,7 @@ def setup(run: RunConfig, workdir: str) -> tuple[Trainer, TrainState, data_lib.T
     state, state_sharding = create_train_state(run.model, tx, mesh, rules, seed=run.seed)
     train_step = steps.make_train_step(
         run.model, tx, mesh, rules, state_sharding, label_smoothing=run.train.label_smoothing,
-        grad_accum_steps=run.train.grad_accum_steps)
+        grad_accum_steps=run.train.grad_accum_steps, loss_chunk_tokens=run.train.loss_chunk_tokens)
     trainer = Trainer(run, workdir, mesh, rules, tokenizer, task_for(run.data), tx, schedule,
                       state_sharding, train_step, _peak_flops(run.loop.peak_tflops_per_device),
                       *eval_batches)
@@ -197,7 +197,14 @@ def train_loop(trainer: Trainer, state: TrainState, train_iter: data_lib.TrainIt
                 jax.profiler.start_trace(os.path.join(trainer.workdir, "profile"))
                 profiling = True
             local = next(train_iter)
-            state, step_sums = trainer.train_step(state, sharding.global_batch(local, mesh))
+            try:
+                state, step_sums = trainer.train_step(state, sharding.global_batch(local, mesh))
+            except jax.errors.JaxRuntimeError as e:  # out of memory compiling or running it: one line
+                if memory.is_out_of_memory(e):
+                    raise memory.out_of_memory_error(
+                        run, local["inputs"].shape[0] * jax.process_count(), local["inputs"].shape[1],
+                        local["targets"].shape[1], e) from e
+                raise
             step += 1
             sums = loss.accumulate_metrics(sums, step_sums)
             (batch, src_len), tgt_len = local["inputs"].shape, local["targets"].shape[1]
@@ -242,7 +249,11 @@ def train_and_evaluate(run: RunConfig, workdir: str) -> dict[str, Any]:
 
     SIGTERM / SIGINT from here on end the run cleanly in every phase (exit 0 from train.py): see
     ``preemption.py``. The returned dict then holds ``{"preempted": True, "step": ...}``.
+
+    On a CPU, a host that cannot hold the largest train step stops the run first, in one line
+    (``memory.check_host_memory``), before a workdir, a tokenizer or the data is made.
     """
+    memory.check_host_memory(run)
     created = not os.path.isdir(workdir)
     with PreemptionGuard() as guard:
         os.makedirs(workdir, exist_ok=True)
@@ -293,6 +304,8 @@ def _train_locked(run: RunConfig, workdir: str, guard: PreemptionGuard) -> dict[
                 print(f"Model: {sum(x.size for x in jax.tree.leaves(state.params)):,} parameters; "
                       f"mesh {dict(trainer.mesh.shape)}; {jax.device_count()} devices, "
                       f"{jax.process_count()} processes")
+                print("Memory: the largest train step needs about "
+                      f"{memory.largest_step_memory(run).describe()} (estimated)")
             state, step, preempted = train_loop(trainer, state, train_iter, ckpt, writer, guard)
             ckpt.wait()
             if preempted:
