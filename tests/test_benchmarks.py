@@ -149,3 +149,29 @@ def test_profile_of_a_traced_decode(tmp_path):
 def test_profile_of_a_folder_without_a_trace_says_so(tmp_path):
     with pytest.raises(MissingFileError, match="no \\*.xplane.pb under"):
         profile.read_op_events(str(tmp_path))
+
+
+def test_data_benchmark_times_both_paths_on_a_scaled_corpus(tmp_path):
+    """A 300-pair corpus from 7 lines: pair k joins lines k and 7k + 3 (mod 7). The cache's warm start
+    finds its entries; the in-memory path encodes again; both draw the same pairs."""
+    source = tmp_path / "source"
+    source.mkdir()
+    for lang in ("en", "de"):
+        for split in ("train", "val", "test"):
+            text = "".join(f"{lang} line number {i} of seven\n" for i in range(7))
+            (source / f"{split}.{lang}").write_text(text)
+    corpus = data.scaled_corpus(source, tmp_path / "corpus", 300)
+    lines = (corpus / "train.de").read_text().splitlines()
+    assert len(lines) == 300  # pair 9 joins lines 9 % 7 = 2 and (63 + 3) % 7 = 3
+    assert lines[9] == "de line number 2 of seven de line number 3 of seven"
+    result = subprocess.run(
+        [sys.executable, "-m", "transformer_jax.benchmarks.data", f"--data_dir={source}", "--pairs=300",
+         f"--workdir={tmp_path}", "--vocab_size=30", "--tokens_per_batch=256", "--batches=3"],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    starts = {(r["path"], r["start"]): r for r in records if r["record"] == "start"}
+    assert len(starts) == 4 and {r["pairs"] for r in starts.values()} == {300}
+    assert all(r["seconds_to_first_batch"] > 0 and r["peak_rss_gb"] > 0 for r in starts.values())
+    assert records[-1]["record"] == "h100_base_model" and records[-1]["batches_per_s"] > 0
+    assert len([p for p in (tmp_path / "cache-cache" / "encoded").iterdir() if p.is_dir()]) == 1

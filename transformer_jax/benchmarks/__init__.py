@@ -4,7 +4,7 @@
     python -m transformer_jax.benchmarks.train_step   # train-step tokens/s and MFU per preset
     python -m transformer_jax.benchmarks.decoding     # greedy / beam tokens/s, cache on and off
     python -m transformer_jax.benchmarks.attention    # dense vs blockwise attention memory and time
-    python -m transformer_jax.benchmarks.data         # tokenize + batch throughput on Multi30k
+    python -m transformer_jax.benchmarks.data         # the data pipeline's starts, memory and batches/s
 
 Modules: ``presets`` (the model and run shapes, as ModelConfig overrides), ``timing`` (wall-clock
 helpers and the matmul peak that MFU is measured against), one module per benchmark, ``__main__``.
