@@ -286,7 +286,8 @@ def test_translate_command_names_a_too_long_line_in_one_error_line(workdir, tmp_
 
 def test_translate_command_rejects_bad_flags_in_one_line(workdir, tmp_path):
     result = _run([f"--workdir={workdir}", "--beam_size=0"])
-    assert result.returncode == 1 and _error_line(result).startswith("error: --beam_size=0: expected >= 1")
+    assert result.returncode == 1
+    assert _error_line(result).startswith("error: --beam_size=0: expected an integer >= 1")
     result = _run([f"--workdir={tmp_path / 'nowhere'}"])
     assert result.returncode == 1 and "no such directory" in _error_line(result)
     result = _run([f"--workdir={workdir}", f"--input={tmp_path / 'missing.txt'}"])
@@ -397,3 +398,97 @@ def test_throughput_benchmark_reports_the_translate_path_on_a_file(workdir, tmp_
                                                                           restored.run.eval.final_max_extra_len))
     assert record["target_tokens"] == sum(map(len, restored.tokenizer.encode_batch(outputs)))
     assert record["sentences_per_s"] == pytest.approx(3 / record["median_s"], rel=0.02)
+
+
+def test_an_output_that_is_the_input_is_refused_and_the_input_kept(workdir, tmp_path, monkeypatch):
+    source = tmp_path / "in.txt"
+    source.write_text("a sentence\nanother\n")
+    os.symlink(source, tmp_path / "link.txt")
+    os.link(source, tmp_path / "hard.txt")
+    for output in (source, tmp_path / "link.txt", tmp_path / "hard.txt"):
+        with pytest.raises(ConfigError) as error:
+            workdir_scoring.translate_workdir(workdir, input_path=str(source), output_path=str(output),
+                                              beam_size=1, max_extra_len=2)
+        assert str(error.value) == (f"--output={output} is the input file (--input={source}); writing there "
+                                    "would replace the input. Choose another --output")
+    with open(source) as stdin:  # translate --output=in.txt < in.txt
+        monkeypatch.setattr(sys, "stdin", stdin)
+        with pytest.raises(ConfigError, match=r"is the input file \(standard input\)"):
+            workdir_scoring.translate_workdir(workdir, output_path=str(source), beam_size=1, max_extra_len=2)
+    assert source.read_text() == "a sentence\nanother\n" and os.path.islink(tmp_path / "link.txt")
+    assert sorted(os.listdir(tmp_path)) == ["hard.txt", "in.txt", "link.txt"]  # no temporary file left
+
+
+def test_a_named_pipe_and_dev_stdin_are_inputs(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen(["sh", "-c", f"printf 'one\\ntwo\\n' > {fifo}"])
+    assert translation.read_lines(str(fifo)) == ["one", "two"]
+    assert writer.wait(timeout=30) == 0
+    read = subprocess.run(
+        [sys.executable, "-c", "from transformer_jax.evaluation.translation import read_lines; "
+         "print(read_lines('/dev/stdin'))"], input="three\nfour\n", capture_output=True, text=True,
+        cwd=REPO, timeout=120)
+    assert read.returncode == 0, read.stderr
+    assert read.stdout == "['three', 'four']\n"
+
+
+# A process that writes 20,001 bytes through write_stdout to a file that fills up after 8 KiB: the size limit
+# RLIMIT_FSIZE (no root needed; the write then fails with EFBIG instead of a signal) or a small tmpfs. The
+# kernel takes such a write only in part.
+_FILL_STDOUT = """import sys
+if {limit}:
+    import resource, signal
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
+sys.path.insert(0, {repo!r})
+from transformer_jax.runtime import errors, output_file
+errors.run_main(lambda argv: output_file.write_stdout("x" * 20000 + "\\n"))
+"""
+
+
+def _write_20000_bytes_to(path, limit_bytes=0):
+    with open(path, "wb") as out:
+        return subprocess.run([sys.executable, "-c", _FILL_STDOUT.format(limit=limit_bytes, repo=REPO)],
+                              stdout=out, stderr=subprocess.PIPE, text=True, timeout=120)
+
+
+def test_stdout_to_a_file_that_fills_up_is_an_error_not_a_cut_file(tmp_path):
+    result = _write_20000_bytes_to(tmp_path / "out.txt", limit_bytes=8192)
+    assert os.path.getsize(tmp_path / "out.txt") == 8192
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.splitlines()[0] == (
+        f"error: could not write to standard output ({tmp_path / 'out.txt'}) (File too large); the output "
+        "is incomplete. Pass --output to write a file whole or not at all")
+
+
+def test_stdout_to_a_full_tmpfs_is_an_error_not_a_cut_file(tmp_path):
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    point = tmp_path / "small"
+    point.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(point)]).returncode != 0:
+        pytest.skip("mount -t tmpfs is not allowed here")
+    try:
+        (point / "filler").write_bytes(bytes(56 * 1024))  # 8 KiB left
+        result = _write_20000_bytes_to(point / "out.txt")
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+        assert result.stderr.splitlines()[0].startswith(
+            f"error: no space left writing to standard output ({point / 'out.txt'}); the output is "
+            "incomplete")
+    finally:
+        subprocess.run(["umount", str(point)])
+
+
+def test_translate_and_evaluate_check_a_flag_with_the_same_words(workdir, tmp_path):
+    from transformer_jax.evaluation import evaluate_args
+
+    for flag, value in (("beam_size", 0), ("alpha", -0.5), ("max_extra_len", 2.5)):
+        with pytest.raises(ConfigError) as translate_error:
+            workdir_scoring.translate_workdir(workdir, **{flag: value})
+        with pytest.raises(ConfigError) as evaluate_error:
+            evaluate_args.check_arguments(workdir, **{"step": None, "average_last": 1, "split": "dev",
+                                                      "source_file": None, "reference_file": None,
+                                                      "beam_size": None, "alpha": None, "max_extra_len": None,
+                                                      "output_dir": str(tmp_path), flag: value})
+        assert str(translate_error.value) == str(evaluate_error.value)

@@ -221,7 +221,8 @@ def progress_bar(total: int, enabled: bool):
 
 
 def read_lines(path: str | None) -> list[str]:
-    """The lines of ``path`` (stdin when None), without their line ends.
+    """The lines of ``path`` (stdin when None; a named pipe or ``/dev/stdin`` reads too), without their
+    line ends.
 
     Raises DataError naming the line for bytes that are not UTF-8 and for a NUL byte (a binary file).
     """
@@ -230,10 +231,13 @@ def read_lines(path: str | None) -> list[str]:
     else:
         if os.path.isdir(path):
             raise ConfigError(f"--input={path} is a folder; expected a text file, one sentence a line")
-        if not os.path.isfile(path):
-            raise MissingFileError(f"--input={path}: no such file")
-        with open(path, "rb") as f:
-            data = f.read()
+        try:  # any file that reads: a regular file, a named pipe, /dev/stdin
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise MissingFileError(f"--input={path}: no such file") from None
+        except OSError as e:
+            raise ConfigError(f"--input={path}: cannot read it ({e.strerror or e})") from None
         name = path
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":  # the final line end, not an empty last line

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import sys
 
 from transformer_jax.runtime import disk
@@ -90,17 +91,51 @@ def _remove_orphans(folder: str, name: str) -> None:
 
 
 def write_stdout(text: str) -> None:
-    """Writes ``text`` to stdout and flushes; a full disk or a closed pipe raises a one-line UserError."""
+    """Writes ``text`` (UTF-8) to stdout, every byte or a one-line UserError.
+
+    Python's buffered stdout loses data without a word when a file fills up partway (the kernel takes part
+    of a write and Python drops the rest), so the bytes go to file descriptor 1 with ``os.write``, each
+    write's count checked, and a regular file is flushed to disk (``fsync``: a filesystem that reports a
+    full disk or a quota late reports it there). A full disk, a closed pipe or any other write error is
+    one line naming the output.
+    """
     try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):  # a stream without a descriptor (a test's capture)
         sys.stdout.write(text)
         sys.stdout.flush()
+        return
+    try:
+        sys.stdout.flush()  # anything printed before goes first
+        data = memoryview(text.encode("utf-8"))
+        while data:
+            data = data[os.write(fd, data):]
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            os.fsync(fd)
     except OSError as e:
         target = "standard output"
         with contextlib.suppress(OSError):
             target += f" ({os.readlink('/proc/self/fd/1')})"
         if disk.is_disk_full(e):
-            raise DiskFullError(f"no space left writing to {target}; redirect it to a filesystem with "
-                                "space, or pass --output") from None
+            raise DiskFullError(f"no space left writing to {target}; the output is incomplete. Redirect it "
+                                "to a filesystem with space, or pass --output (written whole or not at "
+                                "all)") from None
         if e.errno == errno.EPIPE:
             raise UserError(f"{target} was closed before the output was written") from None
-        raise
+        raise UserError(f"could not write to {target} ({e.strerror or e}); the output is incomplete. "
+                        "Pass --output to write a file whole or not at all") from None
+
+
+def refuse_the_input(output_path: str, input_path: str | None, *, flag: str = "--output",
+                     input_flag: str = "--input") -> None:
+    """ConfigError when ``output_path`` is the input file (stdin when ``input_path`` is None): the same
+    file by device and inode, also through a symbolic or hard link. Replacing it would lose the input."""
+    try:
+        out = os.stat(output_path)
+        src = os.stat(input_path) if input_path is not None else os.fstat(sys.stdin.fileno())
+    except (OSError, ValueError):  # no such output yet, or no input file to compare
+        return
+    if stat.S_ISREG(out.st_mode) and (out.st_dev, out.st_ino) == (src.st_dev, src.st_ino):
+        given = f"{input_flag}={input_path}" if input_path is not None else "standard input"
+        raise ConfigError(f"{flag}={output_path} is the input file ({given}); writing there would replace "
+                          f"the input. Choose another {flag}")
