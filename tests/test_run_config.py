@@ -89,6 +89,7 @@ def test_a_saved_config_is_read_leniently(section, field):
     ("train.adam_eps", 0.0, r"config\.train\.adam_eps=0\.0"),
     ("train.max_grad_norm", -1.0, r"config\.train\.max_grad_norm=-1\.0"),
     ("train.cooldown_steps", 5000, r"config\.train\.cooldown_steps=5000: expected at most train\.num_steps"),
+    ("train.loss_chunk_tokens", -1, r"config\.train\.loss_chunk_tokens=-1: expected an integer >= 0"),
     ("eval_bleu_examples", -3, r"config\.eval_bleu_examples=-3: expected an integer >= 0"),
     ("checkpoint_keep", 0, r"config\.checkpoint_keep=0: expected an integer >= 1"),
     ("checkpoint_every_minutes", -1.0, r"config\.checkpoint_every_minutes=-1\.0"),
