@@ -46,7 +46,7 @@ REDIRECT = re.compile(r"^(\d*|&)(<|>|>>)$")
 REDIRECT_FD = re.compile(r"^\d*(<|>)&\d+$")
 CONFIG_FILE = re.compile(r"^(configs/[\w./-]+\.py)(?::(.*))?$")
 # Entry points whose positional argument is one of the keys of a module-level name of theirs.
-POSITIONAL_CHOICES = {"transformer_jax.data.prepare": "DATASETS", "transformer_jax.sweep": "COMMANDS"}
+POSITIONAL_CHOICES = {"transformer_jax.data.prepare": "COMMANDS", "transformer_jax.sweep": "COMMANDS"}
 # Flags absl's parser itself understands, without a definition.
 ABSL_SPECIAL = {"flagfile", "undefok"}
 UNPARSABLE = "<unparsable>"  # the argv of a line shlex cannot split, then its error
@@ -163,7 +163,7 @@ def describe(kind, target, choices_name):
     for name in flags.FLAGS:
         flag = flags.FLAGS[name]
         is_config = isinstance(flag, config_flags._ConfigFlag)
-        described[name] = {"boolean": bool(flag.boolean),
+        described[name] = {"boolean": bool(flag.boolean), "is_config": is_config,
                            "config": getattr(flag, "default_unparsed", None) if is_config else None}
     choices = sorted(module[choices_name]) if choices_name in module else None
     return {"kind": kind, "target": target, "flags": described,
@@ -299,7 +299,7 @@ def resolve(argv: tuple[str, ...]) -> tuple[list[str], tuple[str, str, list[str]
 
 def argument_problems(entry: EntryPoint, target: str, args: list[str]) -> list[str]:
     problems, positionals, overrides = [], [], []
-    config_flags = {name: spec["config"] for name, spec in entry.flags.items() if spec["config"]}
+    config_flags = {name: spec["config"] for name, spec in entry.flags.items() if spec["is_config"]}
     chosen = dict(config_flags)  # config flag -> the config it names (the default until --config=)
     i = 0
     while i < len(args):
@@ -335,6 +335,9 @@ def argument_problems(entry: EntryPoint, target: str, args: list[str]) -> list[s
             problems.append(f"--{name}={value}: {problem}")
     for base, dotted in overrides:
         source = chosen[base]
+        if source is None:
+            problems.append(f"--{base}.{dotted} without --{base}=: {target}'s --{base} has no default")
+            continue
         if problem := config_problem(source):
             if source == config_flags[base]:  # a named one was reported with its --config=
                 problems.append(f"the default --{base}={source}: {problem}")

@@ -221,6 +221,27 @@ def test_cli_help_and_user_errors(tmp_path, closed_port_url):
         assert len(failed.stderr.strip().splitlines()) <= 2, failed.stderr
 
 
+def test_cache_builds_a_configs_data_cache_once_and_refuses_what_has_none(tmp_path):
+    for split, count in (("train", 60), ("val", 3), ("test", 3)):
+        for lang, word in (("en", "house"), ("de", "haus")):
+            (tmp_path / f"{split}.{lang}").write_text("".join(f"the {word} {i}\n" for i in range(count)))
+    config = ["--config=configs/multi30k.py", f"--config.data.dir={tmp_path}", "--config.data.vocab_size=30",
+              f"--config.data.cache_dir={tmp_path / 'cache'}"]
+    built = _run_cli("cache", *config)
+    assert built.returncode == 0, built.stderr
+    ready = f"Data cache ready in {tmp_path / 'cache'}: the tokenizer and 60 encoded train pairs"
+    assert ready in built.stdout
+    assert "Encoding the train split" in built.stderr
+    again = _run_cli("cache", *config)
+    assert again.returncode == 0 and "Encoding" not in again.stderr  # found, not built again
+    for args, expected in [
+        (("cache",), "prepare cache needs --config=CONFIG"),
+        (("cache", "--config=configs/default.py"), "source='synthetic' is built in memory"),
+    ]:
+        failed = _run_cli(*args)
+        assert failed.returncode == 1 and expected in failed.stderr and "Traceback" not in failed.stderr
+
+
 def test_multi30k_table_matches_the_shared_files():
     if not SHARED_MULTI30K.is_dir():
         pytest.skip(f"shared Multi30k data not found at {SHARED_MULTI30K}")

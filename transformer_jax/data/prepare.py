@@ -104,6 +104,7 @@ PTB_SAMPLE_ZIP = RemoteZip(
 
 DATASETS = {"multi30k": (MULTI30K_BASE_URL, MULTI30K_FILES),
             "ptb_sample": (PTB_SAMPLE_BASE_URL, (PTB_SAMPLE_ZIP,))}
+COMMANDS = (*DATASETS, "cache")  # the positional argument: a data set to download, or the data cache
 # Printed by ``prepare``: the terms the data set's own README states.
 TERMS = {"ptb_sample": "(C) LDC 1995. It is made available under fair use for the purposes of illustrating "
                        "NLTK tools for tokenizing, tagging, chunking and parsing. This data is for "
@@ -370,7 +371,7 @@ def prepare_cache(config: Any) -> tuple[Path, int]:
 
 def main(argv: Sequence[str]) -> None:
     usage = (f"usage: python -m transformer_jax.data.prepare {{{','.join(sorted(DATASETS))}}} --dir=DIR, or "
-             "prepare cache --config=CONFIG")
+             "python -m transformer_jax.data.prepare cache --config=CONFIG")
     if len(argv) == 2 and argv[1] == "cache":
         config = flags.FLAGS["config"].value if "config" in flags.FLAGS else None
         if config is None:
