@@ -118,7 +118,7 @@ def setup(run: RunConfig, workdir: str) -> tuple[Trainer, TrainState, data_lib.T
     train_iter = data_lib.make_train_iterator(
         run.data, tokenizer, seed=run.seed, process_index=jax.process_index(),
         process_count=jax.process_count(),
-        batch_multiple=mesh.shape["data"] * run.train.grad_accum_steps)
+        batch_multiple=mesh.shape["data"] * run.train.grad_accum_steps, cache_fallback=workdir)
     eval_batches = _eval_batches(run, tokenizer)
     state, state_sharding = create_train_state(run.model, tx, mesh, rules, seed=run.seed)
     train_step = steps.make_train_step(
