@@ -5,6 +5,10 @@
     train_iter = make_train_iterator(data_config, tokenizer, seed=0)   # next(train_iter)
     eval_batches = make_eval_batches(data_config, tokenizer, 'dev')
 
+For the file-backed translation sources ('text', 'tfds') the tokenizer and the encoded train split come
+from the data cache (`corpus_cache`, stored by `disk_cache`): built once per data and settings, then
+memory-mapped by every run, process and sweep row.
+
 Parsing sources (`is_parsing(data_config)`) are `TreebankSource`s: `source.trees(split)` gives the
 gold trees aligned with `pairs(split)`, for `transformer_jax.evaluation.evalb`.
 """
