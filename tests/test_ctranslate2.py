@@ -10,9 +10,11 @@ tiny workdir.
 """
 
 import dataclasses
+import errno
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -27,7 +29,8 @@ from transformer_jax.evaluation import ctranslate2_engine, translation, workdir_
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import EOS_ID, PAD_ID
-from transformer_jax.runtime.errors import ConfigError
+from transformer_jax.runtime import disk
+from transformer_jax.runtime.errors import ConfigError, DiskFullError, UserError
 
 try:
     import ctranslate2
@@ -347,3 +350,171 @@ def test_throughput_benchmark_has_a_ctranslate2_column(workdir, tmp_path, capsys
         ("jax", None), ("ctranslate2", "float32"), ("ctranslate2", "int8")]
     assert records[1]["target_tokens"] == records[0]["target_tokens"]
     assert records[2]["compute_type"].startswith("int8")
+
+
+def test_an_output_does_not_depend_on_the_other_sentences(pieces, tmp_path):
+    """Beam 4 on wide random weights (outputs run long): 60 short sentences decode the same alone and
+    beside 30-token ones. One length limit for a whole call let a short sentence's beam outgrow its own
+    limit, win, and be cut without EOS; one length penalty matched at the median moved with the others."""
+    cfg = _model_config(len(pieces), **VARIANTS["pre_norm"])  # max_len 64
+    out_dir = str(tmp_path / "model")
+    ctranslate2_engine.write_model(random_params(cfg, seed=5, unit_embedding=True), cfg, out_dir,
+                                   pieces=pieces, quantization="float32", record={})
+    engine = ctranslate2_engine.Engine(out_dir, threads=1)
+    rng = np.random.default_rng(11)
+    short = [np.asarray([*rng.integers(4, len(pieces), n), EOS_ID], np.int32) for n in rng.integers(2, 7, 60)]
+    long = [np.asarray([*rng.integers(4, len(pieces), 29), EOS_ID], np.int32) for _ in range(61)]
+    for alpha in (0.0, 0.6):
+        settings = translation.Settings(beam_size=4, alpha=alpha, max_extra_len=MAX_EXTRA_LEN)
+        alone = engine.decode_ids(short, settings)
+        beside = engine.decode_ids([*long[:30], *short, *long[30:]], settings)[30:90]
+        assert sum(not np.array_equal(a, b) for a, b in zip(alone, beside, strict=True)) == 0, alpha
+        assert [len(out) for out in alone] == [len(s) + MAX_EXTRA_LEN for s in short]
+
+
+def _exported_copy(workdir, tmp_path) -> str:
+    """A fresh export of the module's workdir (made once), copied to ``tmp_path/export``."""
+    made = os.path.join(workdir, "export", "made-once")
+    if not os.path.isdir(made):
+        ctranslate2_engine.export_workdir(workdir, out_dir=made)
+    copy = str(tmp_path / "export")
+    shutil.copytree(made, copy)
+    return copy
+
+
+def _translate_with(workdir, export_dir, **kwargs):
+    return workdir_scoring.translate_workdir(workdir, input_path=str(_sentences_file(export_dir)),
+                                             engine="ctranslate2", export_dir=export_dir, beam_size=1,
+                                             threads=1, **kwargs)
+
+
+def _sentences_file(export_dir) -> str:
+    path = os.path.join(os.path.dirname(export_dir), "in.txt")
+    with open(path, "w") as f:
+        f.write(SENTENCES)
+    return path
+
+
+def _append(path, data: bytes) -> None:
+    with open(path, "ab") as f:
+        f.write(data)
+
+
+def _truncate(path, size: int) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(size)
+
+
+@pytest.mark.parametrize("damage, what", [
+    (lambda d: os.remove(os.path.join(d, "model.bin")), "RuntimeError: Unable to open file 'model.bin'"),
+    (lambda d: _truncate(os.path.join(d, "model.bin"), 1000), "invalid payload size"),
+    (lambda d: _append(os.path.join(d, "export.json"), b"{"), "export.json does not read (JSONDecodeError"),
+    (lambda d: _append(os.path.join(d, "spm.model"), b"garbage"), "spm.model changed after the export"),
+    (lambda d: os.remove(os.path.join(d, "shared_vocabulary.json")), "Cannot load the target vocabulary"),
+])
+def test_a_damaged_export_is_one_line_with_the_command_that_remakes_it(workdir, tmp_path, damage, what):
+    export_dir = _exported_copy(workdir, tmp_path)
+    damage(export_dir)
+    with pytest.raises(UserError) as error:  # one line, no traceback
+        _translate_with(workdir, export_dir, output_path=str(tmp_path / "out.txt"))
+    message = str(error.value)
+    assert message.startswith(f"the CTranslate2 export in {export_dir} is damaged: ") and what in message
+    assert message.endswith(f"Make it again with: python -m transformer_jax.export --workdir={workdir} "
+                            f"--out={export_dir}")
+    assert not os.path.exists(tmp_path / "out.txt")
+
+
+def test_an_export_of_another_run_is_refused(workdir, tmp_path):
+    other = str(tmp_path / "other")
+    untrained_workdir(config_with({**TINY, "seed": 7}), other, steps=(2,))
+    export_dir = _exported_copy(workdir, tmp_path)
+    _translate_with(workdir, export_dir, output_path=str(tmp_path / "ours.txt"))  # its own run: fine
+    with pytest.raises(ConfigError) as error:
+        _translate_with(other, export_dir, output_path=str(tmp_path / "out.txt"))
+    assert str(error.value).startswith(f"{export_dir} was exported from another run than --workdir={other} "
+                                       "(step 2's saved config has sha256 ")
+    assert str(error.value).endswith(f"export this run's model with: python -m transformer_jax.export "
+                                     f"--workdir={other} (then leave --export_dir out)")
+    with open(os.path.join(other, "tokenizer", "spm.model"), "ab") as f:
+        f.write(b"changed")  # a tokenizer not the export's
+    with pytest.raises(ConfigError, match=r"another run .*\(its tokenizer has sha256 "):
+        _translate_with(other, export_dir, output_path=str(tmp_path / "out.txt"))
+
+
+def test_export_out_under_a_file_is_one_line_before_restoring(workdir, tmp_path, monkeypatch):
+    (tmp_path / "afile.txt").write_text("mine")
+    monkeypatch.setattr("transformer_jax.checkpoints.restore.restore_workdir",
+                        lambda *a: pytest.fail("restored before the --out check"))
+    with pytest.raises(ConfigError) as error:
+        ctranslate2_engine.export_workdir(workdir, out_dir=str(tmp_path / "afile.txt" / "sub"))
+    assert str(error.value) == (f"--out={tmp_path / 'afile.txt' / 'sub'}: {tmp_path / 'afile.txt'} is a "
+                                "file, not a folder; choose another --out")
+
+
+def test_an_export_that_fills_the_disk_names_its_filesystem(workdir, tmp_path, monkeypatch):
+    """The save fails with ENOSPC and no file name (as CTranslate2's writes do): the error names the
+    export's filesystem, not the current directory's, and the previous export is kept."""
+    out_dir = _exported_copy(workdir, tmp_path)
+    before = sorted(os.listdir(out_dir))
+    from ctranslate2.specs import transformer_spec
+
+    def full(self, path):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(transformer_spec.TransformerSpec, "save", full)
+    with pytest.raises(DiskFullError) as error:
+        ctranslate2_engine.export_workdir(workdir, out_dir=out_dir)
+    assert str(error.value).startswith(f"no space left writing the export to {out_dir}: the ")
+    assert f"filesystem mounted at {disk.mount_point(out_dir)} (" in str(error.value)
+    assert "the previous export there is kept" in str(error.value)
+    assert sorted(os.listdir(out_dir)) == before and sorted(os.listdir(tmp_path)) == ["export"]
+
+
+@pytest.mark.parametrize("renames, left", [(1, [".old", ".tmp"]), (2, [".old"])])
+def test_an_export_killed_between_its_renames_is_cleaned_up(workdir, tmp_path, renames, left):
+    """kill -9 after the previous export was moved aside (``<out>.<pid>.old``; the new one still staged in
+    ``<out>.<pid>.tmp``, or already in place): translate puts the previous export back when there is no
+    other, and removes the rest; nothing is left for good."""
+    out_dir = _exported_copy(workdir, tmp_path)
+    killed = subprocess.run([sys.executable, "-c", f"""
+import os
+from transformer_jax.evaluation import ctranslate2_engine
+rename, calls = os.rename, []
+def rename_then_die(a, b):
+    rename(a, b)
+    calls.append(b)
+    if len(calls) == {renames}:
+        os.kill(os.getpid(), 9)
+os.rename = rename_then_die
+ctranslate2_engine.export_workdir({workdir!r}, out_dir={out_dir!r})
+"""], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr
+    leftovers = sorted(name for name in os.listdir(tmp_path) if name.startswith("export."))
+    assert [os.path.splitext(name)[1] for name in leftovers] == left
+    _translate_with(workdir, out_dir, output_path=str(tmp_path / "out.txt"))  # reads the new one
+    assert sorted(os.listdir(tmp_path)) == ["export", "in.txt", "out.txt"]
+
+
+def test_recover_leftovers_puts_back_a_previous_export_a_killed_exporter_moved_aside(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid that no longer runs
+    (tmp_path / f"export.{dead.pid}.old").mkdir()
+    (tmp_path / f"export.{dead.pid}.old" / "export.json").write_text("{}")
+    (tmp_path / f"export.{dead.pid}.tmp").mkdir()
+    (tmp_path / f"export.{os.getpid()}.tmp").mkdir()  # a live exporter's: left alone
+    ctranslate2_engine.recover_leftovers(str(tmp_path / "export"))
+    assert sorted(os.listdir(tmp_path)) == ["export", f"export.{os.getpid()}.tmp"]
+    assert (tmp_path / "export" / "export.json").read_text() == "{}"
+
+
+def test_threads_are_bounded_by_the_cpus(workdir, tmp_path):
+    with pytest.raises(ConfigError, match=r"--threads=100000: expected at most \d+ "):
+        workdir_scoring.translate_workdir(workdir, engine="ctranslate2", threads=100000)  # crashed it
+    limit = ctranslate2_engine.MAX_THREADS_PER_CPU * os.cpu_count()
+    for threads in (limit + 1, 5000):
+        with pytest.raises(ConfigError) as error:
+            workdir_scoring.translate_workdir(workdir, engine="ctranslate2", threads=threads)
+        assert str(error.value).startswith(f"--threads={threads}: expected at most {limit} (")
+        with pytest.raises(ConfigError, match=rf"--threads={threads}: expected at most {limit} \("):
+            workdir_scoring.evaluate_workdir(workdir, engine="ctranslate2", threads=threads,
+                                             output_dir=str(tmp_path))

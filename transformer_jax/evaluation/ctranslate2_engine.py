@@ -19,8 +19,9 @@ relies on, each checked by tests/test_ctranslate2.py against our own decoder:
 Decoding (:class:`Engine`) keeps the contract of ``translation.decode_ids``: ids in, outputs in
 ``decode``'s convention out. Greedy search gives the same tokens as ours. Beam search differs in two
 documented ways: CTranslate2's length penalty is the plain power |Y|^p, so the GNMT penalty
-((5 + |Y|) / 6)^alpha is matched at the input's median length (:func:`matched_length_penalty`), and
-its beam stops after ``beam_size`` finished hypotheses.
+((5 + |Y|) / 6)^alpha is matched at each source's length (:func:`matched_length_penalty`), and
+its beam stops after ``beam_size`` finished hypotheses. Sources are decoded in one call per length, so
+that each has its own length limit and penalty and no output depends on the other sources.
 """
 
 from __future__ import annotations
@@ -31,13 +32,15 @@ import json
 import os
 import shutil
 import statistics
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from transformer_jax.model.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from transformer_jax.runtime.errors import ConfigError, MissingFileError
+from transformer_jax.runtime import disk, errors
+from transformer_jax.runtime.errors import ConfigError, DiskFullError, MissingFileError, UserError
 
 # What ``--quantization`` takes: CTranslate2's weight types. bfloat16 runs on GPUs and on CPUs with
 # AVX512-BF16 builds; elsewhere CTranslate2 computes in the closest type it supports.
@@ -47,6 +50,13 @@ RECORD_FILE = "export.json"  # what was exported, beside CTranslate2's own files
 TOKENIZER_FILE = "spm.model"
 VOCABULARY_FILE = "shared_vocabulary.json"  # CTranslate2's, written when source and target share one
 INSTALL_HINT = 'pip install -e ".[serve]" (or: pip install ctranslate2)'
+# --threads above this many per CPU is refused: CTranslate2 starts every thread asked for (100000 crashed
+# it), and more threads than cores only wait for each other.
+MAX_THREADS_PER_CPU = 4
+
+
+class DamagedExportError(UserError, RuntimeError):
+    """An export's files do not read (deleted, cut short, changed); the message says how to remake it."""
 
 
 def import_ctranslate2():
@@ -56,6 +66,15 @@ def import_ctranslate2():
     except ImportError:
         raise ConfigError(f"CTranslate2 is not installed; install it with: {INSTALL_HINT}") from None
     return ctranslate2
+
+
+def check_threads(threads: int | None) -> None:
+    """ConfigError for ``--threads`` above ``MAX_THREADS_PER_CPU`` times this machine's CPUs."""
+    cpus = os.cpu_count() or 1
+    if threads is not None and threads > MAX_THREADS_PER_CPU * cpus:
+        raise ConfigError(f"--threads={threads}: expected at most {MAX_THREADS_PER_CPU * cpus} "
+                          f"({MAX_THREADS_PER_CPU} per CPU; this machine has {cpus}); 0 takes CTranslate2's "
+                          "default, one per core")
 
 
 def default_quantization(d_model: int) -> str:
@@ -202,8 +221,11 @@ def write_model(params: Mapping[str, Any], model_config, out_dir: str, *, pieces
                 quantization: str, record: Mapping[str, Any], tokenizer_path: str | None = None) -> None:
     """Exports ``params`` into ``out_dir``: CTranslate2's model files, ``RECORD_FILE`` and the tokenizer.
 
-    The folder is written beside ``out_dir`` and renamed into place, so ``out_dir`` holds a complete
-    export or its previous content. ``pieces`` is the vocabulary (one string a token id);
+    The folder is written beside ``out_dir`` (``<out_dir>.<pid>.tmp``) and renamed into place (the
+    previous one moved to ``<out_dir>.<pid>.old`` and removed), so ``out_dir`` holds a complete export or
+    its previous content; what a killed exporter left is cleaned up first (:func:`recover_leftovers`). A
+    full disk raises DiskFullError naming ``out_dir``'s filesystem. ``pieces`` is the vocabulary (one
+    string a token id);
     ``tokenizer_path``, when given, is copied in as ``TOKENIZER_FILE``. ``record`` is what was exported
     (step, averaging, config hash, decoding defaults); the model's fields and the weight type are added.
     """
@@ -218,10 +240,11 @@ def write_model(params: Mapping[str, Any], model_config, out_dir: str, *, pieces
     spec.validate()
     spec.optimize(quantization=quantization)
     out_dir = os.path.abspath(out_dir)
+    recover_leftovers(out_dir)
     staging = f"{out_dir}.{os.getpid()}.tmp"
     shutil.rmtree(staging, ignore_errors=True)
-    os.makedirs(staging)
     try:
+        os.makedirs(staging)
         spec.save(staging)
         if tokenizer_path is not None:
             shutil.copyfile(tokenizer_path, os.path.join(staging, TOKENIZER_FILE))
@@ -234,8 +257,53 @@ def write_model(params: Mapping[str, Any], model_config, out_dir: str, *, pieces
             os.rename(out_dir, previous)
         os.rename(staging, out_dir)
         shutil.rmtree(previous, ignore_errors=True)
+    except Exception as e:
+        if not disk.is_disk_full(e):
+            raise
+        kept = "the previous export there is kept" if os.path.exists(out_dir) else "nothing was written"
+        raise DiskFullError(f"no space left writing the export to {out_dir}: "
+                            f"{disk.describe_filesystem(out_dir)} ran out of space; {kept}. Free some space "
+                            "or choose another --out") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _pid_is_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's live process
+        return False
+    return False
+
+
+def recover_leftovers(out_dir: str) -> None:
+    """Cleans up what an exporter killed mid-way (kill -9, a crash) left beside ``out_dir``.
+
+    Its staging folder ``<out_dir>.<pid>.tmp`` is removed. Its ``<out_dir>.<pid>.old`` is the previous
+    export: moved back to ``out_dir`` when the exporter died between its two renames (``out_dir`` missing),
+    removed otherwise. Folders of a process that still runs are left alone.
+    """
+    out_dir = os.path.abspath(out_dir)
+    folder, name = os.path.split(out_dir)
+    try:
+        entries = sorted(os.listdir(folder), reverse=True)  # a newer pid's .old first (most likely)
+    except OSError:
+        return
+    for entry in entries:
+        pid, _, kind = entry.removeprefix(f"{name}.").partition(".")
+        if not (entry.startswith(f"{name}.") and pid.isdigit() and kind in ("tmp", "old")
+                and int(pid) != os.getpid() and _pid_is_gone(int(pid))):
+            continue
+        path = os.path.join(folder, entry)
+        if kind == "old" and not os.path.exists(out_dir):
+            try:
+                os.rename(path, out_dir)
+            except OSError:
+                pass  # left for a later try: it is the only copy of the previous export
+            continue
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _to_bfloat16(spec) -> None:
@@ -256,14 +324,92 @@ def workdir_pieces(tokenizer) -> list[str]:
     return [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
 
 
-def read_record(model_dir: str) -> dict[str, Any]:
-    """The ``RECORD_FILE`` of an export, or MissingFileError saying how to make one."""
+def export_command(model_dir: str, workdir: str | None) -> str:
+    """The command that (re)makes the export in ``model_dir`` from ``workdir``."""
+    command = f"python -m transformer_jax.export --workdir={workdir or '<train.py workdir>'}"
+    if workdir is None or os.path.abspath(model_dir) != os.path.abspath(default_export_dir(workdir)):
+        command += f" --out={model_dir}"
+    return command
+
+
+def _damaged(model_dir: str, what: str, workdir: str | None) -> DamagedExportError:
+    return DamagedExportError(f"the CTranslate2 export in {model_dir} is damaged: {what}. Make it again "
+                              f"with: {export_command(model_dir, workdir)}")
+
+
+def read_record(model_dir: str, workdir: str | None = None) -> dict[str, Any]:
+    """The ``RECORD_FILE`` of an export; MissingFileError (no export) or DamagedExportError (it does not
+    read), each with the command that makes it (from ``workdir`` when given)."""
     path = os.path.join(model_dir, RECORD_FILE)
     if not os.path.isfile(path):
         raise MissingFileError(f"{model_dir} holds no CTranslate2 export ({RECORD_FILE} is missing); make "
-                               "one with: python -m transformer_jax.export --workdir=<train.py workdir>")
-    with open(path) as f:
-        return json.load(f)
+                               f"one with: {export_command(model_dir, workdir)}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+        if not isinstance(record, dict):
+            raise ValueError(f"expected a JSON object, found {type(record).__name__}")
+    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise _damaged(model_dir, f"{RECORD_FILE} does not read ({errors.short_error(e)})", workdir) from None
+    return record
+
+
+def check_tokenizer_file(model_dir: str, record: Mapping[str, Any], workdir: str | None = None) -> None:
+    """DamagedExportError when the export's ``TOKENIZER_FILE`` is missing or is not the one it recorded."""
+    expected = record.get("tokenizer_sha256")
+    if not expected:  # an export without a tokenizer (evaluate.py's temporary one)
+        return
+    try:
+        with open(os.path.join(model_dir, TOKENIZER_FILE), "rb") as f:
+            found = hashlib.sha256(f.read()).hexdigest()
+    except OSError as e:
+        raise _damaged(model_dir, f"{TOKENIZER_FILE} does not read ({e.strerror or e})", workdir) from None
+    if found != expected:
+        raise _damaged(model_dir, f"{TOKENIZER_FILE} changed after the export (sha256 {found[:12]}..., "
+                       f"{RECORD_FILE} records {expected[:12]}...)", workdir)
+
+
+def check_export_of(workdir: str, model_dir: str, record: Mapping[str, Any]) -> None:
+    """ConfigError when the export in ``model_dir`` was not made from ``workdir``'s run.
+
+    Its recorded tokenizer must be the workdir's, and its recorded config hash the saved config of the
+    exported step (or, when that checkpoint is gone, its model fields those of the newest step). A workdir
+    without checkpoints or a tokenizer has nothing to compare with and passes.
+    """
+    from transformer_jax.checkpoints.reader import CheckpointReader
+    from transformer_jax.checkpoints.restore import checkpoint_dir
+    from transformer_jax.data.tokenizer import tokenizer_file
+    from transformer_jax.run_config import run_config_from_saved
+
+    def refuse(what: str) -> ConfigError:
+        default = os.path.abspath(model_dir) == os.path.abspath(default_export_dir(workdir))
+        return ConfigError(f"{model_dir} was exported from another run than --workdir={workdir} ({what}); "
+                           "export this run's model with: python -m transformer_jax.export "
+                           f"--workdir={workdir}" + ("" if default else " (then leave --export_dir out)"))
+
+    tokenizer_path = tokenizer_file(workdir)
+    if record.get("tokenizer_sha256") and tokenizer_path.is_file():
+        found = hashlib.sha256(tokenizer_path.read_bytes()).hexdigest()
+        if found != record["tokenizer_sha256"]:
+            raise refuse(f"its tokenizer has sha256 {record['tokenizer_sha256'][:12]}..., the workdir's "
+                         f"{found[:12]}...")
+    if not os.path.isdir(checkpoint_dir(workdir)) or "config_sha256" not in record:
+        return
+    reader = CheckpointReader(checkpoint_dir(workdir))
+    steps = reader.all_steps()
+    if not steps:
+        return
+    exported = record.get("step") in steps
+    step, saved, _ = reader.saved_info(record["step"] if exported else None)
+    run = run_config_from_saved(saved)
+    if exported and config_sha256(run.saved) != record["config_sha256"]:
+        raise refuse(f"step {step}'s saved config has sha256 {config_sha256(run.saved)[:12]}..., the export "
+                     f"records {record['config_sha256'][:12]}...")
+    model = {f.name: getattr(run.model, f.name) for f in dataclasses.fields(run.model)}
+    differ = sorted(k for k in model.keys() & dict(record.get("model", {})).keys()
+                    if model[k] != record["model"][k])
+    if not exported and differ:
+        raise refuse(f"its model differs from step {step}'s in {', '.join(differ)}")
 
 
 def matched_length_penalty(alpha: float, lengths: Sequence[int]) -> float:
@@ -291,13 +437,22 @@ class Engine:
     """
 
     def __init__(self, model_dir: str, *, threads: int = 0, compute_type: str = "default",
-                 max_batch_size: int = 64):
+                 max_batch_size: int = 64, workdir: str | None = None):
         ctranslate2 = import_ctranslate2()
-        read_record(model_dir)  # an export of ours, or the error saying how to make one
-        self.translator = ctranslate2.Translator(model_dir, device="cpu", compute_type=compute_type,
-                                                 inter_threads=1, intra_threads=threads)
-        with open(os.path.join(model_dir, VOCABULARY_FILE)) as f:
-            self.pieces = json.load(f)
+        check_threads(threads)
+        record = read_record(model_dir, workdir)  # an export of ours, or the error saying how to make one
+        check_tokenizer_file(model_dir, record, workdir)
+        try:
+            self.translator = ctranslate2.Translator(model_dir, device="cpu", compute_type=compute_type,
+                                                     inter_threads=1, intra_threads=threads)
+            with open(os.path.join(model_dir, VOCABULARY_FILE), encoding="utf-8") as f:
+                self.pieces = json.load(f)
+        except (OSError, RuntimeError, ValueError) as e:  # a file missing, cut short or changed
+            raise _damaged(model_dir, errors.short_error(e), workdir) from None
+        vocab_size = record.get("model", {}).get("vocab_size", len(self.pieces))
+        if not isinstance(self.pieces, list) or len(self.pieces) != vocab_size:
+            raise _damaged(model_dir, f"{VOCABULARY_FILE} does not hold the model's {vocab_size} pieces",
+                           workdir)
         self.ids = {piece: i for i, piece in enumerate(self.pieces)}
         self.max_batch_size = max_batch_size
 
@@ -311,25 +466,31 @@ class Engine:
         the tokens, then EOS, then PAD; without EOS when the limit ``len_i + max_extra_len`` is reached.
 
         ``settings`` is a ``translation.Settings``: beam 1 is greedy search (the same tokens as ours);
-        otherwise beam search with :func:`matched_length_penalty` of ``settings.alpha``.
+        otherwise beam search with :func:`matched_length_penalty` of ``settings.alpha`` at the source's
+        length.
+
+        An output does not depend on the other sources: CTranslate2 takes one length limit and one length
+        penalty a call, so the sources are decoded in one call per length, each under its own limit (a
+        shared, longer limit let a beam outgrow a short sentence's limit, win, and be cut without EOS).
         """
-        if not len(ids):
-            return []
-        limits = [len(s) + settings.max_extra_len for s in ids]
-        results = self.translator.translate_batch(
-            [[self.pieces[i] for i in s] for s in ids], max_batch_size=self.max_batch_size,
-            beam_size=settings.beam_size,
-            length_penalty=matched_length_penalty(settings.alpha, [len(s) for s in ids]),
-            max_input_length=0, max_decoding_length=max(limits), min_decoding_length=0,
-            return_end_token=True, suppress_sequences=[[self.pieces[PAD_ID]]])
-        outputs = []
-        for result, limit in zip(results, limits, strict=True):
-            tokens = [self.ids[piece] for piece in result.hypotheses[0]][:limit]  # greedy: a prefix
-            out = np.full(limit, PAD_ID, np.int32)
-            out[:len(tokens)] = tokens
-            outputs.append(out)
-        if progress is not None:
-            progress(len(ids))
+        outputs: list[np.ndarray | None] = [None] * len(ids)
+        by_length: dict[int, list[int]] = {}
+        for i, s in enumerate(ids):
+            by_length.setdefault(len(s), []).append(i)
+        for length, members in sorted(by_length.items()):
+            limit = length + settings.max_extra_len
+            results = self.translator.translate_batch(
+                [[self.pieces[t] for t in ids[i]] for i in members], max_batch_size=self.max_batch_size,
+                beam_size=settings.beam_size, length_penalty=matched_length_penalty(settings.alpha, [length]),
+                max_input_length=0, max_decoding_length=limit, min_decoding_length=0,
+                return_end_token=True, suppress_sequences=[[self.pieces[PAD_ID]]])
+            for i, result in zip(members, results, strict=True):
+                tokens = [self.ids[piece] for piece in result.hypotheses[0]][:limit]
+                out = np.full(limit, PAD_ID, np.int32)
+                out[:len(tokens)] = tokens
+                outputs[i] = out
+            if progress is not None:
+                progress(len(members))
         return outputs
 
     def score(self, ids: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -350,6 +511,26 @@ def default_export_dir(workdir: str) -> str:
     return os.path.join(workdir, "export", "ctranslate2")
 
 
+def _check_out_folder(out_dir: str) -> None:
+    """ConfigError (DiskFullError) when no folder can be made beside ``out_dir`` (its parent is created)."""
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    try:
+        os.makedirs(parent, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out_dir)}.probe-"))
+    except OSError as e:
+        if disk.is_disk_full(e):
+            raise DiskFullError(f"--out={out_dir}: no space left in {disk.describe_filesystem(parent)}; free "
+                                "some space or choose another --out") from None
+        blocking = parent
+        while not os.path.exists(blocking) and os.path.dirname(blocking) != blocking:
+            blocking = os.path.dirname(blocking)
+        if not os.path.isdir(blocking):
+            raise ConfigError(f"--out={out_dir}: {blocking} is a file, not a folder; choose another --out") \
+                from None
+        raise ConfigError(f"--out={out_dir}: cannot write in {parent} ({e.strerror or e}); choose another "
+                          "--out") from None
+
+
 def export_workdir(workdir: str, *, out_dir: str | None = None, quantization: str | None = None,
                    step: int | None = None, average_last: int | None = None) -> dict[str, Any]:
     """Exports a ``train.py`` workdir's model, averaged as ``translate`` averages it; returns the record.
@@ -364,9 +545,11 @@ def export_workdir(workdir: str, *, out_dir: str | None = None, quantization: st
         if value is not None and value < 0:
             raise ConfigError(f"--{flag}={value}: expected >= 0")
     out_dir = out_dir or default_export_dir(workdir)
+    recover_leftovers(out_dir)
     if os.path.isfile(out_dir) or (os.path.isdir(out_dir) and os.listdir(out_dir)
                                    and not os.path.isfile(os.path.join(out_dir, RECORD_FILE))):
         raise ConfigError(f"--out={out_dir} exists and is not an export; choose a new or empty folder")
+    _check_out_folder(out_dir)
     from transformer_jax.checkpoints.restore import averaged_params, restore_workdir
     from transformer_jax.data.text_form import text_form_of
     from transformer_jax.data.tokenizer import tokenizer_file
