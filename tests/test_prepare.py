@@ -231,9 +231,9 @@ def test_cache_builds_a_configs_data_cache_once_and_refuses_what_has_none(tmp_pa
     assert built.returncode == 0, built.stderr
     ready = f"Data cache ready in {tmp_path / 'cache'}: the tokenizer and 60 encoded train pairs"
     assert ready in built.stdout
-    assert "Encoding the train split" in built.stderr
+    assert "60 train pairs encoded into" in built.stdout
     again = _run_cli("cache", *config)
-    assert again.returncode == 0 and "Encoding" not in again.stderr  # found, not built again
+    assert again.returncode == 0 and "60 train pairs mapped from" in again.stdout  # found, not built again
     for args, expected in [
         (("cache",), "prepare cache needs --config=CONFIG"),
         (("cache", "--config=configs/default.py"), "source='synthetic' is built in memory"),

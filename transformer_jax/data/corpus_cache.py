@@ -287,12 +287,21 @@ def spans(num_rows: int, size: int = CHUNK_PAIRS) -> list[tuple[int, int]]:
     return [(start, min(start + size, num_rows)) for start in range(0, num_rows, size)]
 
 
-def progress(total: int | None, phase: str, unit: str = " pairs"):
-    """A tqdm bar on stderr for one build phase: its count and rate."""
+def progress(corpus: TextCorpus | TfdsCorpus, total: int | None, phase: str, unit: str = " pairs"):
+    """A tqdm bar on stderr for one build phase: its count and rate (none for a corpus built in this
+    process, which takes seconds)."""
     import tqdm
 
     return tqdm.tqdm(total=total, desc=f"data: {phase}", unit=unit, unit_scale=True, file=sys.stderr,
-                     mininterval=1.0, dynamic_ncols=True)
+                     mininterval=1.0, dynamic_ncols=True, disable=not corpus.processes)
+
+
+def announce(corpus: TextCorpus | TfdsCorpus, message: str) -> None:
+    """``message`` on stderr before a phase of a build in worker processes (minutes); logged otherwise."""
+    if corpus.processes:
+        print(message, file=sys.stderr, flush=True)
+    else:
+        logging.info("%s", message)
 
 
 class _InProcessPool:
@@ -330,11 +339,11 @@ def run_in_child(corpus: TextCorpus | TfdsCorpus, function: Callable[..., Any], 
         return executor.submit(function, *args).result()
 
 
-def with_elapsed_time(phase: str, function: Callable[[], Any]) -> Any:
+def with_elapsed_time(corpus: TextCorpus | TfdsCorpus, phase: str, function: Callable[[], Any]) -> Any:
     """``function()`` while a bar on stderr shows ``phase`` and the seconds it has taken (a call into C++
     that reports nothing, such as training SentencePiece)."""
     done = threading.Event()
-    with progress(None, phase, unit=" s") as bar:
+    with progress(corpus, None, phase, unit=" s") as bar:
         def tick() -> None:
             while not done.wait(1.0):
                 bar.update(1)
@@ -360,7 +369,7 @@ def sample_sentences(corpus: TextCorpus | TfdsCorpus, form: TextForm, cap: int, 
             tasks = [(start, stop, None) for start, stop in spans(corpus.num_rows)]
         else:
             kept = []
-            with progress(corpus.num_rows, "scan") as bar:
+            with progress(corpus, corpus.num_rows, "scan") as bar:
                 row_spans = spans(corpus.num_rows)
                 for (start, stop), rows in zip(row_spans, pool.imap(_scan_rows, row_spans), strict=True):
                     kept.append(rows)
@@ -371,7 +380,7 @@ def sample_sentences(corpus: TextCorpus | TfdsCorpus, form: TextForm, cap: int, 
             tasks = [(start, stop, kept[(kept >= start) & (kept < stop)])
                      for start, stop in spans(corpus.num_rows)]
         sentences: list[str] = []
-        with progress(min(corpus.num_rows, cap), "tokenizer sample") as bar:
+        with progress(corpus, min(corpus.num_rows, cap), "tokenizer sample") as bar:
             for part in pool.imap(_sample_rows, tasks):
                 sentences += part
                 bar.update(len(part) // 2)
@@ -383,12 +392,15 @@ def build_encoded(folder: Path, corpus: TextCorpus | TfdsCorpus, form: TextForm,
     """Encodes the corpus into ``folder``'s files; returns the manifest's counts and warnings."""
     from transformer_jax.data.tokenizer import Tokenizer
 
-    corpus = corpus.indexed()
+    corpus = corpus.indexed()  # the files checked before anything is said
+    workers = f"{corpus.processes} worker processes" if corpus.processes else "this process"
+    announce(corpus, f"Encoding the train split of {corpus.describe()} into the data cache ({workers})")
     dtype = ids_dtype(Tokenizer(tokenizer_proto).vocab_size)
     lengths: dict[str, list[np.ndarray]] = {"src": [], "tgt": []}
     found: dict[str, Any] = {"blank": [], "empty": 0, "unknown": [], "suspicious": {}}
     with (open(folder / "src.ids", "wb") as src_file, open(folder / "tgt.ids", "wb") as tgt_file,
-          worker_pool(corpus, form, tokenizer_proto) as pool, progress(corpus.num_rows, "encoding") as bar):
+          worker_pool(corpus, form, tokenizer_proto) as pool,
+          progress(corpus, corpus.num_rows, "encoding") as bar):
         for part in pool.imap(_encode_rows, spans(corpus.num_rows)):
             part["src"].tofile(src_file)
             part["tgt"].tofile(tgt_file)
@@ -439,10 +451,10 @@ def open_train_split(data_config: Any, tokenizer: Any, *, fallback: str | os.Pat
     spec = {"format": FORMAT, "data": corpus.fingerprint(), "src_lang": data_config.src_lang,
             "tgt_lang": data_config.tgt_lang, "text_form": data_config.text_form,
             "tokenizer_sha256": tokenizer.sha256}
+    built = []
+
     def build(folder: Path) -> dict[str, Any]:
-        workers = f"{corpus.processes} worker processes" if corpus.processes else "this process"
-        print(f"Encoding the train split of {corpus.describe()} into the data cache ({workers})",
-              file=sys.stderr, flush=True)
+        built.append(folder)
         return run_in_child(corpus, build_encoded, folder, corpus, text_form_of(data_config),
                             tokenizer.model_proto)
 
@@ -452,8 +464,8 @@ def open_train_split(data_config: Any, tokenizer: Any, *, fallback: str | os.Pat
     for warning in _warnings(corpus, manifest["num_rows"], **manifest["left_out"]):  # train.py shows them
         logging.warning("%s", warning)
     split = load(entry, manifest)
-    print(f"Data: {len(split):,} train pairs mapped from {entry} in {time.time() - started:.1f} s",
-          flush=True)
+    how = "encoded into" if built else "mapped from"
+    print(f"Data: {len(split):,} train pairs {how} {entry} in {time.time() - started:.1f} s", flush=True)
     return split
 
 
@@ -475,11 +487,13 @@ def build_tokenizer(folder: Path, corpus: TextCorpus | TfdsCorpus, data_config: 
     """Trains ``data_config``'s SentencePiece model on (a sample of) the corpus into ``folder/spm.model``."""
     from transformer_jax.data import tokenizer as tokenizer_lib
 
-    corpus = corpus.indexed()
+    corpus = corpus.indexed()  # the files checked before anything is said
+    announce(corpus, f"Training the {data_config.vocab_type} tokenizer (vocab_size={data_config.vocab_size}) "
+             f"of {corpus.describe()} into the data cache")
     sentences = sample_sentences(corpus, text_form_of(data_config), data_config.tokenizer_train_examples,
                                  seed)
     tokenizer_lib.check_vocab_size(data_config, sentences)
-    proto = with_elapsed_time(f"tokenizer training on {len(sentences):,} sentences", lambda: (
+    proto = with_elapsed_time(corpus, f"tokenizer training on {len(sentences):,} sentences", lambda: (
         tokenizer_lib.train_tokenizer(sentences, vocab_size=data_config.vocab_size,
                                       vocab_type=data_config.vocab_type,
                                       character_coverage=data_config.character_coverage)))
@@ -502,8 +516,6 @@ def shared_tokenizer(data_config: Any, *, fallback: str | os.PathLike | None = N
             "character_coverage": data_config.character_coverage, "sample_seed": seed}
 
     def build(folder: Path) -> dict[str, Any]:
-        print(f"Training the {data_config.vocab_type} tokenizer (vocab_size={data_config.vocab_size}) of "
-              f"{corpus.describe()} into the data cache", file=sys.stderr, flush=True)
         return run_in_child(corpus, build_tokenizer, folder, corpus, data_config, seed)
 
     entry, _ = disk_cache.open_or_build(
