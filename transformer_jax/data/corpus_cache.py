@@ -218,9 +218,21 @@ def open_corpus(data_config: Any) -> TextCorpus | TfdsCorpus:
 _worker_state: dict[str, Any] = {}
 
 
+def die_with_parent() -> None:
+    """Has the kernel end this process when its parent dies (Linux), so that a build whose run was killed
+    (kill -9) does not go on working in the background; elsewhere it does nothing."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (linux/prctl.h)
+
+
 def _init_worker(corpus: TextCorpus | TfdsCorpus, form: TextForm, tokenizer_proto: bytes | None) -> None:
     from transformer_jax.data.tokenizer import Tokenizer
 
+    if corpus.processes:
+        die_with_parent()
     _worker_state.update(corpus=corpus, form=form)
     if tokenizer_proto is not None:
         _worker_state["tokenizer"] = Tokenizer(tokenizer_proto, num_threads=1, text_form=form)
@@ -335,8 +347,8 @@ def run_in_child(corpus: TextCorpus | TfdsCorpus, function: Callable[..., Any], 
     if not corpus.processes:
         return function(*args)
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as executor:
-        return executor.submit(function, *args).result()
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context, initializer=die_with_parent) as child:
+        return child.submit(function, *args).result()
 
 
 def with_elapsed_time(corpus: TextCorpus | TfdsCorpus, phase: str, function: Callable[[], Any]) -> Any:
