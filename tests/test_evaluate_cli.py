@@ -172,3 +172,70 @@ def test_a_parsing_average_is_written_beside_the_single_checkpoint_result(tmp_pa
         assert json.load(f)["average_last"] == 1  # not replaced by the average
     with pytest.raises(UserError, match=r"dev-2-avg2\.json exists"):
         workdir_scoring.evaluate_workdir(path, average_last=2, **settings)
+
+
+def test_a_second_run_of_the_same_outputs_while_one_decodes_is_refused(workdir, tmp_path, monkeypatch):
+    """Two evaluate.py runs of one workdir at once (beam 1 and beam 4, same split): the second arrives
+    while the first decodes (here: from inside the first's perplexity pass, the step after it claimed its
+    outputs) and is refused in one line; the first's result is the one written."""
+    from transformer_jax.evaluation import scoring
+
+    path, _ = workdir
+    perplexity, calls, second = scoring.perplexity, [], []
+
+    def perplexity_then_a_second_run(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 1:  # the first run's pass: the second run starts
+            try:
+                second.append(workdir_scoring.evaluate_workdir(
+                    path, split="dev", average_last=1, beam_size=4, max_extra_len=4,
+                    output_dir=str(tmp_path)))
+            except UserError as e:
+                second.append(e)
+        return perplexity(*args, **kwargs)
+
+    monkeypatch.setattr(scoring, "perplexity", perplexity_then_a_second_run)
+    first = workdir_scoring.evaluate_workdir(path, split="dev", average_last=1, beam_size=1, max_extra_len=4,
+                                             output_dir=str(tmp_path))
+    [refusal] = second
+    assert isinstance(refusal, UserError), refusal
+    assert str(refusal).startswith(f"another evaluate.py (pid {os.getpid()} on ")
+    assert f"is writing {tmp_path / 'dev-6'}.txt and .json now; wait for it to end" in str(refusal)
+    with open(tmp_path / "dev-6.json") as f:
+        assert json.load(f)["beam_size"] == 1 == first["beam_size"]
+    assert sorted(os.listdir(tmp_path)) == ["dev-6.json", "dev-6.txt"]  # the claim is gone
+    with pytest.raises(UserError, match="exists: this checkpoint was scored"):  # and the result is kept
+        workdir_scoring.evaluate_workdir(path, split="dev", average_last=1, beam_size=4,
+                                         output_dir=str(tmp_path))
+
+
+def test_a_claim_left_by_a_killed_run_is_taken_over(workdir, tmp_path):
+    path, _ = workdir
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    import socket
+
+    (tmp_path / ".dev-6.claim").write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname()}))
+    workdir_scoring.evaluate_workdir(path, split="dev", average_last=1, output_dir=str(tmp_path), **{
+        "beam_size": 1, "max_extra_len": 4})
+    assert sorted(os.listdir(tmp_path)) == ["dev-6.json", "dev-6.txt"]
+
+
+def test_a_damaged_step_asked_for_is_one_line(workdir, tmp_path):
+    path = str(tmp_path / "run")
+    shutil.copytree(workdir[0], path, ignore=shutil.ignore_patterns("eval"))
+    integrity = os.path.join(path, "checkpoints", "4", "integrity", "metadata")
+    with open(integrity) as f:
+        record = json.load(f)
+    key = "params/shared_embedding/embedding"
+    record["arrays"][key]["h"] = f"{int(record['arrays'][key]['h'], 16) ^ 1:016x}"  # as if the array changed
+    with open(integrity, "w") as f:
+        json.dump(record, f)
+    result = _evaluate(f"--workdir={path}", "--step=4", "--average_last=1", "--split=dev", *FAST)
+    lines = [line for line in result.stderr.splitlines() if line.strip() and not ABSL_LOG_LINE.match(line)]
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"error: checkpoint step 4 in {path}/checkpoints could not be restored "
+                               "(CorruptCheckpointError: checksum mismatch in 1 array(s) (params/")
+    assert lines[0].endswith("available steps: [2, 4, 6]. Choose another step, or leave the step out for the "
+                             "newest one that restores")

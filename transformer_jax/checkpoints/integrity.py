@@ -52,6 +52,10 @@ class NoUsableCheckpointError(UserError, RuntimeError):
     """No checkpoint step in the directory could be read; the message lists the steps and their errors."""
 
 
+class DamagedCheckpointError(UserError, RuntimeError):
+    """The checkpoint step asked for does not read (changed files, a missing part); the message names it."""
+
+
 class CorruptCheckpointError(ValueError):
     """The restored arrays do not match the checksums written at save time (the files changed)."""
 

@@ -22,7 +22,11 @@ from typing import Any
 import orbax.checkpoint as ocp
 
 from transformer_jax.checkpoints import integrity as checks
-from transformer_jax.checkpoints.integrity import CheckpointMismatchError, NoUsableCheckpointError
+from transformer_jax.checkpoints.integrity import (
+    CheckpointMismatchError,
+    DamagedCheckpointError,
+    NoUsableCheckpointError,
+)
 from transformer_jax.runtime.errors import MissingFileError, short_error
 from transformer_jax.runtime.sharding import with_default_sharding
 
@@ -195,10 +199,11 @@ class CheckpointReader:
                 return read(step), step, []
             except CheckpointMismatchError:
                 raise
-            except Exception as e:
-                raise RuntimeError(
+            except Exception as e:  # damage, one line for the user (TRANSFORMER_JAX_TRACEBACK=1: all)
+                raise DamagedCheckpointError(
                     f"checkpoint step {step} in {self.directory} could not be restored ({short_error(e)}); "
-                    f"available steps: {self.all_steps()}"
+                    f"available steps: {self.all_steps()}. Choose another step, or leave the step out for "
+                    "the newest one that restores"
                 ) from e
 
         if not self.all_steps():
@@ -251,9 +256,9 @@ class CheckpointReader:
                 return candidate, config, dict(integrity.get("metadata", {}))
             except Exception as e:
                 if step is not None:
-                    raise RuntimeError(
+                    raise DamagedCheckpointError(
                         f"config of checkpoint step {step} in {self.directory} could not be read "
-                        f"({short_error(e)})"
+                        f"({short_error(e)}); available steps: {self.all_steps()}"
                     ) from e
                 if self._removed(candidate):
                     continue  # removed by a running trainer while we read it

@@ -2,16 +2,21 @@
 
 ``check_arguments`` runs first: every flag's range, the workdir and the input files exist, and the output
 folder (``<workdir>/eval`` or ``--output_dir``) is writable, so a read-only workdir fails in a second,
-not after the whole set is decoded. Once the checkpoint step is known, ``claim_outputs`` names the
+not after the whole set is decoded. Once the checkpoint step is known, ``output_stem`` names the
 outputs after what was scored (``test-<step>``, ``dev-<step>``, or the source file's name, e.g.
-``newstest2014.en-<step>``; ``-avg<N>`` when N checkpoints are averaged) and refuses to replace an
-existing result unless ``overwrite`` is set.
+``newstest2014.en-<step>``; ``-avg<N>`` when N checkpoints are averaged) and ``claimed_outputs`` holds
+them for this run: a second run that would write them is refused at once, and an existing result is
+not replaced unless ``overwrite`` is set.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import socket
 import tempfile
+from collections.abc import Iterator
 
 from transformer_jax.runtime.errors import ConfigError, MissingFileError, UserError
 
@@ -23,7 +28,8 @@ def default_output_dir(workdir: str) -> str:
     return os.path.join(workdir, "eval")
 
 
-def _check_at_least(flag: str, value, minimum, what: str = "", *, integer: bool = True) -> None:
+def check_at_least(flag: str, value, minimum, what: str = "", *, integer: bool = True) -> None:
+    """ConfigError naming ``--flag`` when ``value`` (None: not given) is not a number >= ``minimum``."""
     if value is None:
         return
     kinds = int if integer else int | float
@@ -53,11 +59,11 @@ def check_arguments(workdir: str, *, step: int | None, average_last: int, split:
       MissingFileError: the workdir, its checkpoints folder or an input file does not exist.
       UserError: ``output_dir`` cannot be written.
     """
-    _check_at_least("step", step, 0, "a saved checkpoint step; leave it out for the latest")
-    _check_at_least("average_last", average_last, 0, "0 or 1: no averaging; N: the last N checkpoints")
-    _check_at_least("beam_size", beam_size, 1, "1 is greedy search")
-    _check_at_least("alpha", alpha, 0, "the GNMT length penalty; 0 turns it off", integer=False)
-    _check_at_least("max_extra_len", max_extra_len, 0, "outputs may be input length + this long")
+    check_at_least("step", step, 0, "a saved checkpoint step; leave it out for the latest")
+    check_at_least("average_last", average_last, 0, "0 or 1: no averaging; N: the last N checkpoints")
+    check_at_least("beam_size", beam_size, 1, "1 is greedy search")
+    check_at_least("alpha", alpha, 0, "the GNMT length penalty; 0 turns it off", integer=False)
+    check_at_least("max_extra_len", max_extra_len, 0, "outputs may be input length + this long")
     if split not in SPLITS:
         raise ConfigError(f"--split={split!r}: expected one of {', '.join(SPLITS)}")
     if bool(source_file) != bool(reference_file):
@@ -87,11 +93,68 @@ def output_stem(output_dir: str, *, split: str, step: int, source_file: str | No
     return os.path.join(output_dir, f"{name}-{step}{suffix}")
 
 
-def claim_outputs(stem: str, *, overwrite: bool) -> tuple[str, str]:
-    """(``stem.txt``, ``stem.json``); UserError if either exists and ``overwrite`` is False."""
-    paths = (stem + ".txt", stem + ".json")
-    existing = [p for p in paths if os.path.exists(p)]
-    if existing and not overwrite:
-        raise UserError(f"{existing[-1]} exists: this checkpoint was scored on these inputs before; "
-                        "pass --overwrite to replace it, or --output_dir=DIR to keep both")
-    return paths
+@contextlib.contextmanager
+def claimed_outputs(stem: str, *, overwrite: bool) -> Iterator[tuple[str, str]]:
+    """``with claimed_outputs(stem, overwrite=...) as (txt, json): ...``: the outputs ``stem.txt`` and
+    ``stem.json``, held by this process until the block ends.
+
+    The claim is a file ``.<name>.claim`` beside them, created exclusively (``O_EXCL``), so of two runs
+    that would write the same outputs one gets them and the other a UserError at once, before decoding
+    (a claim left by a process that no longer runs on this host is taken over). Once claimed, an existing
+    result is a UserError unless ``overwrite``.
+    """
+    folder, name = os.path.split(stem)
+    claim = os.path.join(folder, f".{name}.claim")
+    _take_claim(claim, stem)
+    try:
+        paths = (stem + ".txt", stem + ".json")
+        existing = [p for p in paths if os.path.exists(p)]
+        if existing and not overwrite:
+            raise UserError(f"{existing[-1]} exists: this checkpoint was scored on these inputs before; "
+                            "pass --overwrite to replace it, or --output_dir=DIR to keep both")
+        yield paths
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(claim)
+
+
+def _take_claim(claim: str, stem: str) -> None:
+    host = socket.gethostname()
+    for _ in range(2):
+        try:
+            fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            holder = _read_claim(claim)
+            if holder.get("host") == host and _process_is_gone(holder.get("pid")):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(claim)  # left by a run killed with -9: taken over
+                continue
+            raise UserError(
+                f"another evaluate.py (pid {holder.get('pid', '?')} on {holder.get('host', '?')}) is writing "
+                f"{stem}.txt and .json now; wait for it to end (then --overwrite replaces its result), or "
+                f"pass --output_dir=DIR. If no such process runs, delete {claim}") from None
+        with os.fdopen(fd, "w") as f:
+            json.dump({"pid": os.getpid(), "host": host}, f)
+        return
+    raise UserError(f"could not claim {stem}.txt and .json ({claim} keeps coming back); try again")
+
+
+def _read_claim(claim: str) -> dict:
+    try:
+        with open(claim) as f:
+            holder = json.load(f)
+        return holder if isinstance(holder, dict) else {}
+    except (OSError, ValueError):  # being written, or gone
+        return {}
+
+
+def _process_is_gone(pid) -> bool:
+    if not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's live process
+        return False
+    return False

@@ -31,7 +31,7 @@ from transformer_jax.evaluation import ctranslate2_engine, evaluate_args, scorin
 from transformer_jax.evaluation.translation import Settings
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.runtime.errors import ConfigError, MissingFileError
-from transformer_jax.runtime.output_file import OutputFile, write_stdout
+from transformer_jax.runtime.output_file import OutputFile, refuse_the_input, write_stdout
 
 
 def _settings(defaults: Settings, beam_size: int | None, alpha: float | None,
@@ -106,12 +106,13 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
                           "leave --engine out")
     stem = evaluate_args.output_stem(out_dir, split=split, step=restored.step, source_file=source_file,
                                      average_last=average_last, engine=engine)
-    txt_path, json_path = evaluate_args.claim_outputs(stem, overwrite=overwrite)
-    split, batches = _split_batches(run.data, tokenizer, split, source_file, reference_file,
-                                    model_config.max_len, max_source_length)
-    params, averaged_steps = averaged_params(restored, average_last, from_config=from_config)
-    ppl = scoring.perplexity(params, model_config, batches)
     with contextlib.ExitStack() as stack:
+        # Claimed before anything is decoded: a second evaluate.py of the same outputs is refused now.
+        txt_path, json_path = stack.enter_context(evaluate_args.claimed_outputs(stem, overwrite=overwrite))
+        split, batches = _split_batches(run.data, tokenizer, split, source_file, reference_file,
+                                        model_config.max_len, max_source_length)
+        params, averaged_steps = averaged_params(restored, average_last, from_config=from_config)
+        ppl = scoring.perplexity(params, model_config, batches)
         decode_fn, engine_info = None, {}
         if engine == "ctranslate2":
             export_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="ctranslate2-"))
@@ -127,8 +128,8 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
             averaged_steps=averaged_steps, source_file=source_file, reference_file=reference_file,
             beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len,
             decode_fn=decode_fn, engine=engine, engine_info=engine_info)
-    _write(txt_path, "".join(line + "\n" for line in lines))
-    _write(json_path, json.dumps(results, indent=1))
+        _write(txt_path, "".join(line + "\n" for line in lines))
+        _write(json_path, json.dumps(results, indent=1))
     return {**results, "table": table, "outputs": (txt_path, json_path)}
 
 
@@ -171,6 +172,7 @@ def _check_engine(engine: str, threads: int | None, quantization: str | None) ->
     ctranslate2_engine.import_ctranslate2()
     if threads is not None and threads < 0:
         raise ConfigError(f"--threads={threads}: expected >= 0 (0: CTranslate2's default)")
+    ctranslate2_engine.check_threads(threads)
     if quantization is not None and quantization not in ctranslate2_engine.QUANTIZATIONS:
         raise ConfigError(f"--quantization={quantization}: expected one of "
                           f"{', '.join(ctranslate2_engine.QUANTIZATIONS)}")
@@ -188,11 +190,6 @@ def _decodable_length(model_config: ModelConfig, data_config, max_extra_len: int
             f"for at most {model_config.max_len - largest} output positions beyond the largest length "
             f"bucket {largest}; pass --max_extra_len={max(model_config.max_len - largest, 0)} or less")
     return model_config.max_len - max_extra_len
-
-
-def _check_at_least(flag: str, value, minimum, what: str) -> None:
-    if value is not None and value < minimum:
-        raise ConfigError(f"--{flag}={value}: expected >= {minimum} ({what})")
 
 
 def translate_workdir(workdir: str, *, input_path: str | None = None, output_path: str | None = None,
@@ -227,7 +224,7 @@ def translate_workdir(workdir: str, *, input_path: str | None = None, output_pat
             ("max_extra_len", max_extra_len, 0, "outputs may be input length + this long"),
             ("tokens_per_batch", tokens_per_batch, 1, "decoder rows x cache positions per batch"),
             ("threads", threads, 0, "CPU threads of CTranslate2; 0: its default")):
-        _check_at_least(flag, value, minimum, what)
+        evaluate_args.check_at_least(flag, value, minimum, what, integer=flag != "alpha")
     if engine not in translation.ENGINES:
         raise ConfigError(f"--engine={engine}: expected one of {', '.join(translation.ENGINES)}")
     if engine == "jax":
@@ -240,9 +237,12 @@ def translate_workdir(workdir: str, *, input_path: str | None = None, output_pat
             raise ConfigError("--tokens_per_batch applies to the JAX engine; CTranslate2 plans its own "
                               "batches")
         ctranslate2_engine.import_ctranslate2()  # the install hint before anything is read
+        ctranslate2_engine.check_threads(threads)
     if not os.path.isdir(workdir):
         raise MissingFileError(f"--workdir={workdir}: no such directory; pass the --workdir of a "
                                "train.py run")
+    if output_path is not None:
+        refuse_the_input(output_path, input_path)
     # The output path is checked (and its temporary file made) before anything is read or decoded.
     with OutputFile(output_path) if output_path is not None else contextlib.nullcontext() as output:
         lines = translation.read_lines(input_path)
@@ -287,11 +287,19 @@ def _exported_model(workdir: str, export_dir, step, average_last, beam_size, alp
     from transformer_jax.data.tokenizer import Tokenizer
 
     export_dir = export_dir or ctranslate2_engine.default_export_dir(workdir)
+    ctranslate2_engine.recover_leftovers(export_dir)  # an export killed mid-way
     if not os.path.isfile(os.path.join(export_dir, ctranslate2_engine.RECORD_FILE)):
         print(f"exporting the model to {export_dir} first (once; python -m transformer_jax.export)",
               file=sys.stderr)
         ctranslate2_engine.export_workdir(workdir, out_dir=export_dir, step=step, average_last=average_last)
-    record = ctranslate2_engine.read_record(export_dir)
+    record = ctranslate2_engine.read_record(export_dir, workdir)
+    missing = [k for k in ("step", "average_last", "decoding", "text_form", "model") if k not in record]
+    if missing:
+        raise ctranslate2_engine.DamagedExportError(
+            f"the CTranslate2 export in {export_dir} is damaged: its {ctranslate2_engine.RECORD_FILE} lacks "
+            f"{', '.join(missing)}. Make it again with: "
+            f"{ctranslate2_engine.export_command(export_dir, workdir)}")
+    ctranslate2_engine.check_export_of(workdir, export_dir, record)
     for flag, value in (("step", step), ("average_last", average_last)):
         if value is not None and value != record[flag]:
             raise ConfigError(
@@ -301,7 +309,7 @@ def _exported_model(workdir: str, export_dir, step, average_last, beam_size, alp
     if step is None and latest is not None and latest > record["step"]:
         print(f"note: {export_dir} is step {record['step']}; the workdir has step {latest} (export again "
               f"to use it: python -m transformer_jax.export --workdir={workdir})", file=sys.stderr)
-    engine = ctranslate2_engine.Engine(export_dir, threads=threads or 0)
+    engine = ctranslate2_engine.Engine(export_dir, threads=threads or 0, workdir=workdir)
     tokenizer = Tokenizer.from_file(os.path.join(export_dir, ctranslate2_engine.TOKENIZER_FILE),
                                     text_form=TextForm(**record["text_form"]))
     decoding = record["decoding"]
