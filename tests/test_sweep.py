@@ -241,7 +241,8 @@ def test_local_sweep_skips_finished_rows_and_resumes_partial_ones(tmp_path, monk
             "--workdir", str(workdir)]
     # A half-finished sweep: base done, A-heads1 trained but not evaluated.
     (workdir / "base").mkdir(parents=True)
-    (workdir / "base" / "result.json").write_text(json.dumps({"dev_ppl": 9.0}))
+    (workdir / "base" / "result.json").write_text(json.dumps(
+        {"row": "base", "step": CPU_STEPS, "dev_ppl": 9.0, "dev_bleu": 20.0}))
     (workdir / "A-heads1").mkdir()
     (workdir / "A-heads1" / "metrics.jsonl").write_text(
         json.dumps({"step": CPU_STEPS, "train_seconds": 30.0}) + "\n")
@@ -490,3 +491,76 @@ def test_a_slurm_array_of_one_row_index_runs_that_row(tmp_path, monkeypatch, cap
     assert "#SBATCH --array=1\n" in script and "#   1: E-learned-pos" in script
     assert run(*_array_task_argv(script, 1)) == 0  # what task 1 runs
     assert runner.commands == [("train.py", "E-learned-pos"), ("evaluate.py", "E-learned-pos")]
+
+
+# Sixteen single-value items: their names joined are 400 bytes, more than a folder name takes (255).
+LONG_GRID = ("seed=3 log_every_steps=10 eval_every_steps=20 eval_bleu_examples=3 final_beam_size=1 "
+             "final_alpha=0.0 final_max_extra_len=5 checkpoint_every_steps=10 checkpoint_every_minutes=5.0 "
+             "checkpoint_keep=2 profile_num_steps=1 model.dropout_rate=0.1 model.attention_dropout_rate=0.1 "
+             "profile_start_step=0 dev_bleu_protocol=tokenized final_eval_split=dev,test")
+
+
+def _finished_run(command, log_path) -> int:
+    """A fake train.py or evaluate.py of any row: the final metrics record, or its dev score."""
+    row_dir = next(a.split("=", 1)[1] for a in command if a.startswith("--workdir="))
+    os.makedirs(os.path.join(row_dir, "eval"), exist_ok=True)
+    if command[1] == "train.py":
+        with open(os.path.join(row_dir, "metrics.jsonl"), "a") as f:
+            f.write(json.dumps({"step": 10**9, "train_seconds": 1.0}) + "\n")
+    else:
+        with open(os.path.join(row_dir, "eval", f"dev-{10**9}.json"), "w") as f:
+            json.dump({"step": 10**9, "ppl": 9.0, "tokenized_bleu": 1.0, "sacrebleu": 1.0, "beam_size": 4,
+                       "num_sentences": 200}, f)
+    return 0
+
+
+def test_a_grid_of_many_items_names_its_rows_so_they_are_folders(tmp_path, monkeypatch):
+    rows = grid.parse_grid(LONG_GRID, "configs/default.py")
+    assert [r.name.rsplit("-", 1)[0] for r in rows] == ["final_eval_split=dev", "final_eval_split=test"]
+    assert len({r.name for r in rows}) == 2 and all(len(r.name.encode()) <= 200 for r in rows)
+    assert len(rows[0].changes) == 16  # the report still shows every value
+    for row in rows:
+        (tmp_path / row.name).mkdir()  # each is a folder name
+    monkeypatch.setattr(launchers, "run_command", _finished_run)
+    assert run("--grid", LONG_GRID, "--workdir", str(tmp_path / "s")) == 0
+    assert sorted(os.listdir(tmp_path / "s")) == sorted(["sweep.json", *(r.name for r in rows)])
+    # A short name is kept as it was, so that sweeps launched before go on in the same folders.
+    assert [r.name for r in grid.parse_grid("model.num_heads=2,4", "configs/default.py")] == [
+        "model.num_heads=2", "model.num_heads=4"]
+
+
+def test_a_row_name_that_cannot_be_a_folder_fails_before_anything_is_written(tmp_path):
+    rows = grid.parse_grid("model.num_heads=2", "configs/default.py")
+    for name in ("x" * 300, "a/b", ".."):
+        with pytest.raises(ValueError, match="cannot be a folder name"):
+            grid.validate_rows([grid.Row(name, rows[0].config_arg)])
+    with pytest.raises(ValueError, match="two sweep rows are named"):
+        grid.validate_rows([rows[0], rows[0]])
+
+
+@pytest.mark.parametrize("content, problem", [
+    ('{"row": "base", "dev_pp', "does not read (Unterminated string"),
+    ("{}", "is not a result (it lacks step, dev_ppl, dev_bleu)"),
+])
+def test_a_result_that_does_not_read_is_named_and_the_row_evaluated_again(tmp_path, monkeypatch, capsys,
+                                                                          content, problem):
+    workdir = tmp_path / "t3"
+    runner = FakeRunner()
+    monkeypatch.setattr(launchers, "run_command", runner)
+    args = ["--grid", "table3", "--rows", "base", "--scale", "cpu", "--base_seeds", "1",
+            "--workdir", str(workdir)]
+    assert run(*args) == 0
+    result = workdir / "base" / "result.json"
+    result.write_text(content)  # e.g. cut by a full disk, or emptied by hand
+    markdown = sweep_report.build_report(str(workdir))["markdown"]
+    assert markdown.startswith(f"**Warning:** row base: {result} {problem}")
+    assert "its scores are read from its metrics.jsonl and eval/ instead" in markdown  # evaluate.py's
+    os.remove(workdir / "base" / "eval" / f"dev-{CPU_STEPS}.json")
+    markdown = sweep_report.build_report(str(workdir))["markdown"]
+    assert "; it counts as not finished" in markdown and "(0 of 1 rows finished)" in markdown
+    runner.commands.clear()
+    capsys.readouterr()
+    assert run(*args) == 0
+    assert runner.commands == [("evaluate.py", "base")]  # trained already: evaluated again
+    assert f"[1/1] base: {result} {problem}" in capsys.readouterr().out
+    assert json.loads(result.read_text())["dev_ppl"] > 0

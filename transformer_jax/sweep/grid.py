@@ -7,6 +7,7 @@ A config is loaded exactly as ``train.py`` loads ``--config=path[:argument] --co
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import os
 from collections.abc import Sequence
@@ -19,6 +20,9 @@ from transformer_jax.model.config import param_count
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TABLE3_CONFIG = "configs/table3.py"
 TABLE3_GROUPS = tuple(dict.fromkeys(row.group for row in paper.TABLE3))  # base, A, ..., E, big
+# A row's name is its folder's name. Filesystems take 255 bytes a name; beyond this many, or with a "/",
+# a generic grid's row is named by the items that vary and a hash of the whole name.
+MAX_ROW_NAME_BYTES = 200
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,10 +70,17 @@ def validate_rows(rows: Sequence[Row]) -> dict[str, dict[str, Any]]:
     """Builds and validates every row's config; returns ``{row: {"params", "num_steps", "vocab_size",
     "bleu_protocol"}}`` (the protocol of the row's dev BLEU, its ``config.dev_bleu_protocol``).
 
-    Raises ValueError naming the row, before anything trains.
+    Raises ValueError naming the row, before anything trains or is written (a row name that cannot be a
+    folder name included).
     """
     info = {}
     for row in rows:
+        if (not row.name or row.name in (".", "..") or "/" in row.name or "\0" in row.name
+                or len(row.name.encode()) > MAX_ROW_NAME_BYTES):
+            raise ValueError(f"sweep row name {row.name[:60]!r}... cannot be a folder name (expected at most "
+                             f"{MAX_ROW_NAME_BYTES} bytes, no '/')")
+        if row.name in info:
+            raise ValueError(f"two sweep rows are named {row.name!r}; give each row its own values")
         try:
             run = run_config.build_run_config(build_config(row))
         except (ValueError, TypeError) as e:
@@ -152,7 +163,9 @@ def parse_grid(spec: str, config_arg: str) -> list[Row]:
     """``"model.num_heads=1,4,8 model.dropout_rate=0.0,0.1"`` -> the cartesian product, as rows.
 
     Keys are dotted config fields; each value is parsed by config_flags as the field's type in
-    ``config_arg``. A row is named by its assignments, ``model.num_heads=4,model.dropout_rate=0.1``.
+    ``config_arg``. A row is named by its assignments, ``model.num_heads=4,model.dropout_rate=0.1``, or,
+    when that is too long for a folder name or holds a "/" (:func:`row_name`), by the assignments that
+    vary across the grid and a hash of the whole name.
     """
     axes: list[tuple[str, list[Any]]] = []
     for item in spec.split():
@@ -168,12 +181,24 @@ def parse_grid(spec: str, config_arg: str) -> list[Row]:
     if not axes:
         raise ValueError("--grid is empty: give 'table3' or key=value1,value2 items separated by spaces")
     config_arg = command_config_arg(config_arg)
+    varying = {key for key, values in axes if len(values) > 1}
     rows = []
     for values in itertools.product(*(vs for _, vs in axes)):
         assignments = tuple((key, value) for (key, _), value in zip(axes, values, strict=True))
-        name = ",".join(f"{k}={format_value(v)}" for k, v in assignments)
-        rows.append(Row(name, config_arg, assignments, assignments))
+        rows.append(Row(row_name(assignments, varying), config_arg, assignments, assignments))
     return rows
+
+
+def row_name(assignments: Sequence[tuple[str, Any]], varying: set[str]) -> str:
+    """``k1=v1,k2=v2``; when longer than ``MAX_ROW_NAME_BYTES`` or holding a "/", the ``varying`` keys'
+    assignments (cut to 120 bytes, "/" made "_") and 10 hex digits of the full name's SHA-256."""
+    name = ",".join(f"{k}={format_value(v)}" for k, v in assignments)
+    if len(name.encode()) <= MAX_ROW_NAME_BYTES and "/" not in name:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+    short = ",".join(f"{k}={format_value(v)}" for k, v in assignments if k in varying).replace("/", "_")
+    short = short.encode()[:120].decode(errors="ignore")
+    return f"{short}-{digest}" if short else f"row-{digest}"
 
 
 def _parse_value(config_arg: str, key: str, text: str) -> Any:

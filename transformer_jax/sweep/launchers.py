@@ -2,8 +2,9 @@
 
   local   runs the rows in order, each as ``train.py`` then ``evaluate.py --split=dev`` subprocesses (a
           crash or a jit cache in one row cannot touch the next; logs go to ``<row>/train.log`` and
-          ``<row>/evaluate.log``). A row with ``<row>/result.json`` is finished and skipped; a partial one
-          resumes from its checkpoints (train.py does that by itself).
+          ``<row>/evaluate.log``). A row with a readable ``<row>/result.json`` is finished and skipped
+          (one that does not read is evaluated again); a partial one resumes from its checkpoints
+          (train.py does that by itself).
   print   prints the train + evaluate command of every row, for your own cluster tooling.
   slurm   writes ``<workdir>/sweep.sbatch``, an array job with one task per row (each task runs the sweep
           with ``--launcher=local --row_index=$SLURM_ARRAY_TASK_ID``, so it skips and resumes too).
@@ -115,6 +116,26 @@ def read_jsonl(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+RESULT_KEYS = ("step", "dev_ppl", "dev_bleu")  # what the report and the launcher read of a result
+
+
+def read_result(row_dir: str) -> tuple[dict | None, str | None]:
+    """``(result, None)`` for a row's readable ``result.json``; ``(None, problem)`` when the file exists but
+    does not read as a result (the problem names it); ``(None, None)`` when there is none."""
+    path = os.path.join(row_dir, RESULT)
+    if not os.path.exists(path):
+        return None, None
+    try:
+        with open(path, encoding="utf-8") as f:
+            result = json.load(f)
+    except (OSError, ValueError) as e:
+        return None, f"{path} does not read ({' '.join(str(e).split())})"
+    missing = [k for k in RESULT_KEYS if k not in result] if isinstance(result, dict) else list(RESULT_KEYS)
+    if missing:
+        return None, f"{path} is not a result (it lacks {', '.join(missing)})"
+    return result, None
+
+
 def final_train_record(row_dir: str, num_steps: int) -> dict | None:
     """The last ``metrics.jsonl`` record of a finished training run (it carries ``train_seconds``)."""
     for record in reversed(read_jsonl(os.path.join(row_dir, "metrics.jsonl"))):
@@ -195,8 +216,11 @@ def run_row(row: Row, row_dir: str, *, num_steps: int, bleu_protocol: str, beam_
     wall_seconds, attempts = attempt_seconds(row_dir)
     result = {**result_from(row.name, dict(row.changes), evaluation, final, bleu_protocol),
               "wall_seconds": wall_seconds, "attempts": attempts}
-    with open(os.path.join(row_dir, RESULT), "w") as f:
+    path = os.path.join(row_dir, RESULT)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:  # whole or not at all: the file marks the row finished
         json.dump(result, f, indent=1)
+    os.replace(tmp, path)
     return result
 
 
@@ -221,9 +245,12 @@ def launch_local(rows: Sequence[Row], info: dict, workdir: str, *, beam_size: in
             break
         row_dir = os.path.join(workdir, row.name)
         prefix = f"[{i}/{len(rows)}] {row.name}"
-        if os.path.exists(os.path.join(row_dir, RESULT)):
+        done, problem = read_result(row_dir)
+        if done is not None:
             print(f"{prefix}: done already ({os.path.join(row_dir, RESULT)}), skipped")
             continue
+        if problem:
+            print(f"{prefix}: {problem}; the row counts as not finished and is evaluated again", flush=True)
         print(f"{prefix}: {describe(row)}; {info[row.name]['params']:,} parameters; log in "
               f"{os.path.join(row_dir, 'train.log')}", flush=True)
         started = time.time()

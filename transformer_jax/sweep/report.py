@@ -22,7 +22,13 @@ from transformer_jax import run_config
 from transformer_jax.evaluation import paper
 from transformer_jax.model.config import param_count
 from transformer_jax.sweep.grid import Row, describe, format_value, load_config, table3_config_arg
-from transformer_jax.sweep.launchers import MANIFEST, RESULT, final_train_record, latest_dev_eval, result_from
+from transformer_jax.sweep.launchers import (
+    MANIFEST,
+    final_train_record,
+    latest_dev_eval,
+    read_result,
+    result_from,
+)
 
 # Below these a change counts as "flat" in the paper's printed figures (and is the noise band of a sweep
 # whose base row has one seed).
@@ -81,33 +87,39 @@ def _fmt(value: float | None, spec: str = ".2f") -> str:
     return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
 
-def _load_results(workdir: str) -> tuple[dict, list[dict]]:
+def _load_results(workdir: str) -> tuple[dict, list[dict], list[str]]:
+    """(manifest, its rows with their results, warnings): a result that does not read is named in a
+    warning and its row counts as not finished."""
     path = os.path.join(workdir, MANIFEST)
     if not os.path.exists(path):
         raise FileNotFoundError(f"no {MANIFEST} in {workdir}; launch a sweep there first")
-    with open(path) as f:
-        manifest = json.load(f)
-    records = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except ValueError as e:
+        raise ValueError(f"{path} does not read ({e}); launch the sweep again to rewrite it") from None
+    records, warnings = [], []
     for entry in manifest["rows"]:
         row_dir = os.path.join(workdir, entry["name"])
-        result = None
-        if os.path.exists(os.path.join(row_dir, RESULT)):
-            with open(os.path.join(row_dir, RESULT)) as f:
-                result = json.load(f)
-        else:  # run by hand (--launcher print): train.py's metrics and evaluate.py's dev score
+        result, problem = read_result(row_dir)
+        if result is None:  # run by hand (--launcher print): train.py's metrics and evaluate.py's dev score
             final = final_train_record(row_dir, entry["num_steps"])
             evaluation = latest_dev_eval(row_dir)
             if final and evaluation and evaluation["step"] >= entry["num_steps"]:
                 protocol = entry.get("bleu_protocol", "tokenized")
                 result = {**result_from(entry["name"], entry["changes"], evaluation, final, protocol),
                           "wall_seconds": final["train_seconds"]}  # training only: evaluation untimed
+        if problem:
+            warnings.append(f"row {entry['name']}: {problem}; " + (
+                "its scores are read from its metrics.jsonl and eval/ instead" if result else
+                "it counts as not finished") + " (launching the sweep again evaluates it again)")
         records.append({**entry, "result": result})
-    return manifest, records
+    return manifest, records, warnings
 
 
 def build_report(workdir: str) -> dict[str, Any]:
     """Markdown, CSV rows and the per-row comparison of a sweep workdir (nothing written)."""
-    manifest, records = _load_results(workdir)
+    manifest, records, warnings = _load_results(workdir)
     is_table3 = manifest["grid"] == "table3"
     scale = manifest["scale"]
     seeds = [r["result"] for r in records if r.get("paper_row") == "base" and r["result"]]
@@ -146,8 +158,9 @@ def build_report(workdir: str) -> dict[str, Any]:
         noise = {"seeds": len(seeds), **{f"base_{kind}": base[kind] for kind in base},
                  **{f"{kind}_band": bands[kind] for kind in bands}}
     protocol = next((r["result"].get("bleu_protocol") for r in records if r["result"]), None)
-    markdown = _markdown(manifest, csv_rows, noise, protocol or "tokenized")
-    return {"markdown": markdown, "rows": csv_rows, "manifest": manifest, "noise": noise}
+    markdown = _markdown(manifest, csv_rows, noise, protocol or "tokenized", warnings)
+    return {"markdown": markdown, "rows": csv_rows, "manifest": manifest, "noise": noise,
+            "warnings": warnings}
 
 
 def _delta(value: float, base: float, kind: str) -> float:
@@ -159,10 +172,11 @@ def _changes_text(changes: dict) -> str:
     return ", ".join(f"{k}={format_value(v)}" for k, v in changes.items()) or "—"
 
 
-def _markdown(manifest: dict, rows: list[dict], noise: dict | None, protocol: str) -> str:
+def _markdown(manifest: dict, rows: list[dict], noise: dict | None, protocol: str,
+              warnings: Sequence[str] = ()) -> str:
     is_table3, scale = manifest["grid"] == "table3", manifest["scale"]
     done = [r for r in rows if r["status"] == "done"]
-    out = []
+    out = [f"**Warning:** {w}\n" for w in warnings]
     if is_table3:
         out.append(f"## Table 3 sweep, {scale} scale ({len(done)} of {len(rows)} rows finished)\n")
         out.append(f"Dev PPL is per subword on the run's dev split; dev BLEU is {PROTOCOL_NAMES[protocol]}. "
