@@ -32,7 +32,6 @@ import json
 import os
 import shutil
 import statistics
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -512,23 +511,16 @@ def default_export_dir(workdir: str) -> str:
 
 
 def _check_out_folder(out_dir: str) -> None:
-    """ConfigError (DiskFullError) when no folder can be made beside ``out_dir`` (its parent is created)."""
+    """ConfigError when the folder ``out_dir`` would be made in cannot be: its nearest existing parent is a
+    file, or takes no new entry (read-only, no permission). Nothing is created."""
     parent = os.path.dirname(os.path.abspath(out_dir))
-    try:
-        os.makedirs(parent, exist_ok=True)
-        os.rmdir(tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out_dir)}.probe-"))
-    except OSError as e:
-        if disk.is_disk_full(e):
-            raise DiskFullError(f"--out={out_dir}: no space left in {disk.describe_filesystem(parent)}; free "
-                                "some space or choose another --out") from None
-        blocking = parent
-        while not os.path.exists(blocking) and os.path.dirname(blocking) != blocking:
-            blocking = os.path.dirname(blocking)
-        if not os.path.isdir(blocking):
-            raise ConfigError(f"--out={out_dir}: {blocking} is a file, not a folder; choose another --out") \
-                from None
-        raise ConfigError(f"--out={out_dir}: cannot write in {parent} ({e.strerror or e}); choose another "
-                          "--out") from None
+    while not os.path.exists(parent) and os.path.dirname(parent) != parent:
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ConfigError(f"--out={out_dir}: {parent} is a file, not a folder; choose another --out")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out={out_dir}: cannot write in {parent} (read-only or no permission); choose "
+                          "another --out")
 
 
 def export_workdir(workdir: str, *, out_dir: str | None = None, quantization: str | None = None,
