@@ -44,18 +44,21 @@ def _optimizer() -> optax.GradientTransformation:
     return optax.adam(1e-4, **paper.ADAM)  # the rate does not change the step's cost
 
 
-def _fresh_state(cfg: ModelConfig, tx: optax.GradientTransformation) -> TrainState:
+def fresh_state(cfg: ModelConfig, tx: optax.GradientTransformation) -> TrainState:
+    """A TrainState at step 0 on the default device (parameters from ``init_params``, seed 0)."""
     params = init_params(cfg, rng=jax.random.key(0))
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                       rng=jax.random.PRNGKey(0))
 
 
-def _one_device_step(cfg: ModelConfig, tx: optax.GradientTransformation) -> steps.TrainStepFn:
+def one_device_step(cfg: ModelConfig, tx: optax.GradientTransformation, *,
+                    label_smoothing: float = paper.BASE_TRAIN["label_smoothing"],
+                    grad_accum_steps: int = 1) -> steps.TrainStepFn:
     """The library's compiled, donated train step on a 1x1 mesh (MFU is per device)."""
     mesh = sharding.make_mesh((1, 1), jax.devices()[:1])
     replicated = NamedSharding(mesh, PartitionSpec())
-    return steps.make_train_step(cfg, tx, mesh, (), replicated,
-                                 label_smoothing=paper.BASE_TRAIN["label_smoothing"])
+    return steps.make_train_step(cfg, tx, mesh, (), replicated, label_smoothing=label_smoothing,
+                                 grad_accum_steps=grad_accum_steps)
 
 
 def _param_count(params) -> int:
@@ -71,7 +74,7 @@ def bench_train_step(name: str, preset: presets.TrainPreset, peak: timing.Peak |
     cfg = presets.model_config(preset.model, dtype=dtype)
     batch, length = preset.batch, preset.length
     tx = _optimizer()
-    step = _one_device_step(cfg, tx)
+    step = one_device_step(cfg, tx)
     rng = np.random.default_rng(0)
     data = {k: jnp.asarray(rng.integers(PAD_ID + 4, cfg.vocab_size, size=(batch, length)), jnp.int32)
             for k in ("inputs", "targets")}
@@ -79,11 +82,11 @@ def bench_train_step(name: str, preset: presets.TrainPreset, peak: timing.Peak |
     common = dict(batch=batch, length=length, analytic_gflop=round(analytic / 1e9, 3),
                   jax=jax.__version__, backend=jax.default_backend())
     if peak is None:
-        state = jax.eval_shape(lambda: _fresh_state(cfg, tx))
+        state = jax.eval_shape(lambda: fresh_state(cfg, tx))
         xla = step.lower(state, data).compile().cost_analysis()["flops"]
         return dict(preset=name, measured="train_step_flops_only", xla_gflop=round(xla / 1e9, 3),
                     xla_over_analytic=round(xla / analytic, 3), params=_param_count(state.params), **common)
-    state = _fresh_state(cfg, tx)
+    state = fresh_state(cfg, tx)
     compiled = step.lower(state, data).compile()
     xla = compiled.cost_analysis()["flops"]
     holder = {"state": state}

@@ -1,0 +1,103 @@
+"""Tests for transformer_jax.benchmarks.preflight: the first command on a new machine, on a tiny config."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from absl import flags
+from test_entry_points import Commands
+from tiny import config_with
+
+from transformer_jax import run_config
+from transformer_jax.benchmarks import preflight
+from transformer_jax.model.special_ids import PAD_ID
+from transformer_jax.runtime.errors import ConfigError
+
+TINY = {"data.vocab_size": 120, "data.tokens_per_batch": 512, "data.max_len": 48,
+        "data.length_buckets": (16, 32, 48), "model.d_model": 18, "model.d_ff": 22, "model.num_heads": 3,
+        "model.num_encoder_layers": 1, "model.num_decoder_layers": 1, "train.num_steps": 7}
+QUICK = dict(repeats=1, peak_repeats=1)
+
+
+def _run(**overrides):
+    return run_config.build_run_config(config_with({**TINY, **overrides}), environment=False)
+
+
+def _preflight(run, **options):
+    lines = []
+    record = preflight.preflight(run, preflight.Options(**{**QUICK, **options}), say=lines.append)
+    return record, lines
+
+
+def test_the_command_reports_device_peak_step_memory_and_projection_on_a_small_config():
+    overrides = [f"--config.{key}={value}" for key, value in TINY.items()]
+    with Commands() as commands:
+        result = commands.run("transformer_jax.benchmarks.preflight", *overrides, "--config.platform=gpu",
+                              "--repeats=1", "--peak_repeats=1")
+        wrong = commands.run("transformer_jax.benchmarks.preflight", *overrides, "--length=40")
+    assert wrong.returncode == 1 and "Traceback" not in wrong.stderr, wrong.stderr
+    assert wrong.stderr.splitlines()[0] == ("error: --length=40 is not a bucket of "
+                                            "config.data.length_buckets (16, 32, 48)")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "platform: train.py would stop here: config.platform='gpu'" in out  # and it measures anyway
+    for expected in ("devices: 1 x cpu", "matmul peak (float32, 2048^3)", "at the 32-token bucket",
+                     "grad_accum_steps=1: micro-batch 16 x 32 tokens", "non-pad target tokens/s", "MFU",
+                     "a 16-token bucket's step", "a 48-token bucket's step", "peak memory",
+                     "projected: train.num_steps=7 x"):
+        assert expected in out, (expected, out)
+
+
+def test_the_numbers_agree_with_the_batch_and_the_memory_budget_raises_accumulation_timed_in_part():
+    run = _run()
+    first, lines = _preflight(run, memory_budget_gb=100.0)
+    assert (first["length"], first["grad_accum_steps"], first["micro_rows"]) == (32, 1, 16)
+    batch = preflight.padded_batch(16, 32, 16, 120)
+    non_pad = np.count_nonzero(batch["targets"] != PAD_ID)
+    assert first["tokens_per_second"] * first["step_seconds"] == pytest.approx(non_pad)
+    assert first["projected_hours"] == pytest.approx(first["step_seconds"] * 7 / 3600)
+    assert first["paper_hours"] is None and 0 < first["mfu"] < 1
+
+    budget = 0.9 * first["compiled_bytes"]  # the whole batch no longer fits
+    second, lines = _preflight(run, memory_budget_gb=budget / preflight.GB, measure_micro_batches=1)
+    k = second["grad_accum_steps"]
+    assert k >= 2 and second["compiled_bytes"] <= budget and k * second["micro_rows"] == 16
+    assert any("grad_accum_steps=1:" in line and "over the" in line for line in lines)
+    # one micro-batch of k timed, and scaled to the whole step
+    assert second["measured_micro_batches"] == 1
+    assert second["step_seconds"] == pytest.approx(k * second["measured_seconds"])
+    assert any(f"1 of {k} micro-batches timed" in line for line in lines)
+
+
+def test_no_micro_batch_that_fits_is_one_line():
+    with pytest.raises(ConfigError, match="no micro-batch fits the memory budget") as error:
+        _preflight(_run(**{"data.tokens_per_batch": 48}), memory_budget_gb=1e-6)  # one row of 32, over
+    assert "\n" not in str(error.value)
+
+
+def test_a_padded_batch_has_the_lengths_of_its_bucket():
+    batch = preflight.padded_batch(50, 32, 16, 120)
+    for tokens in batch.values():
+        lengths = np.count_nonzero(tokens != PAD_ID, axis=1)
+        assert lengths.min() > 16 and lengths.max() <= 32
+        assert np.all(tokens[np.arange(32)[None, :] >= lengths[:, None]] == PAD_ID)  # padding at the end
+
+
+@pytest.mark.parametrize("name, hours", [("wmt14_en_de_base", 12), ("wmt14_en_de_big", 84),
+                                         ("wmt14_en_fr_big", 84), ("table3/base", 12), ("default", None)])
+def test_the_paper_hours_for_the_paper_models(name, hours):
+    reference = preflight._paper_hours(name)
+    assert (reference and reference[1]) == hours
+
+
+def test_durations_read_as_a_person_reads_them():
+    assert [preflight.duration(s) for s in (42, 750, 12 * 3600, 3.5 * 86400)] == [
+        "42 s", "12.5 min", "12 h", "3.5 days"]
+
+
+def test_every_flag_has_a_helpful_description():
+    values = flags.FlagValues()
+    preflight.define_flags(values)
+    assert set(values) == {f.name for f in dataclasses.fields(preflight.Options)}  # a flag per option
+    for name in values:
+        assert len(values[name].help) >= 25, f"--{name}: {values[name].help!r}"
