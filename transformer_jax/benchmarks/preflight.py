@@ -134,7 +134,7 @@ def _fit(run, length: int, shorter: int, options: Options, budget: float | None,
         n = min(options.measure_micro_batches, k) if options.measure_micro_batches else k
         batch = padded_batch(n * micro, length, shorter, cfg.vocab_size)
         step = train_step.one_device_step(cfg, tx, label_smoothing=run.train.label_smoothing,
-                                          grad_accum_steps=n)
+                                          grad_accum_steps=n, loss_chunk_tokens=run.train.loss_chunk_tokens)
         compiled = step.lower(abstract, batch).compile()
         used = compiled_bytes(compiled)
         fits = budget is None or used is None or used <= budget

@@ -53,12 +53,12 @@ def fresh_state(cfg: ModelConfig, tx: optax.GradientTransformation) -> TrainStat
 
 def one_device_step(cfg: ModelConfig, tx: optax.GradientTransformation, *,
                     label_smoothing: float = paper.BASE_TRAIN["label_smoothing"],
-                    grad_accum_steps: int = 1) -> steps.TrainStepFn:
+                    grad_accum_steps: int = 1, loss_chunk_tokens: int = 0) -> steps.TrainStepFn:
     """The library's compiled, donated train step on a 1x1 mesh (MFU is per device)."""
     mesh = sharding.make_mesh((1, 1), jax.devices()[:1])
     replicated = NamedSharding(mesh, PartitionSpec())
     return steps.make_train_step(cfg, tx, mesh, (), replicated, label_smoothing=label_smoothing,
-                                 grad_accum_steps=grad_accum_steps)
+                                 grad_accum_steps=grad_accum_steps, loss_chunk_tokens=loss_chunk_tokens)
 
 
 def _param_count(params) -> int:
