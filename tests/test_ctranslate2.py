@@ -518,3 +518,22 @@ def test_threads_are_bounded_by_the_cpus(workdir, tmp_path):
         with pytest.raises(ConfigError, match=rf"--threads={threads}: expected at most {limit} \("):
             workdir_scoring.evaluate_workdir(workdir, engine="ctranslate2", threads=threads,
                                              output_dir=str(tmp_path))
+
+
+def test_an_export_to_a_full_tmpfs_names_the_tmpfs(workdir, tmp_path):
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("mounting a small tmpfs needs root")
+    point = tmp_path / "small"
+    point.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(point)]).returncode != 0:
+        pytest.skip("mount -t tmpfs is not allowed here")
+    try:
+        (point / "filler").write_bytes(bytes(2 * 2**20 - 48 * 1024))  # 48 KiB left; the export takes ~100
+        with pytest.raises(DiskFullError) as error:
+            ctranslate2_engine.export_workdir(workdir, out_dir=str(point / "export"))
+        out_dir = point / "export"
+        assert str(error.value).startswith(
+            f"no space left writing the export to {out_dir}: the tmpfs filesystem mounted at {point} (")
+        assert os.listdir(point) == ["filler"]  # the partial export was removed
+    finally:
+        subprocess.run(["umount", str(point)])
