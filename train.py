@@ -8,9 +8,11 @@ two lines and exits 1 (TRANSFORMER_JAX_TRACEBACK=1 shows the traceback).
 
 import os
 
+import jax
 from absl import flags, logging
 
 from transformer_jax import run_config
+from transformer_jax.model import fused_attention
 from transformer_jax.runtime import devices, errors, sharding
 from transformer_jax.training import loop
 
@@ -32,6 +34,8 @@ def main(argv):
     if notice:
         print(notice, flush=True)
     run = run_config.build_run_config(_CONFIG.value)  # every field and input file, checked once
+    if run.model.attention_impl == "fused" and jax.process_index() == 0:  # cuDNN or, and why, XLA
+        print(fused_attention.describe(run.model.dtype, run.model.d_k), flush=True)
     loop.train_and_evaluate(run, _WORKDIR.value)
 
 

@@ -141,3 +141,15 @@ def test_a_wmt_config_on_this_cpu_stops_at_the_device_before_reading_data(tmp_pa
                           f"--config.data.tfds_data_dir={tmp_path / 'no_data'}")
     _assert_short(result, "config.platform='accelerator'", '".[cuda12]"', '".[tpu]"')
     assert not (tmp_path / "w").exists()
+
+
+def test_train_says_which_kernel_fused_attention_takes_here(tmp_path, commands):
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "val", "test"):
+        for lang in ("en", "de"):
+            (data / f"{split}.{lang}").write_text("a b\nc d\n")
+    result = commands.run("train.py", f"--workdir={tmp_path / 'w'}", "--config.data.source=text",
+                          f"--config.data.dir={data}", "--config.model.attention_impl=fused")
+    _assert_short(result, "vocab_size=1000 is too large")  # stops at the tokenizer, after the line below
+    assert "fused attention: XLA, not cuDNN (the backend is cpu, cuDNN needs an NVIDIA GPU)" in result.stdout

@@ -41,6 +41,7 @@ def test_the_command_reports_device_peak_step_memory_and_projection_on_a_small_c
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "platform: train.py would stop here: config.platform='gpu'" in out  # and it measures anyway
+    assert "attention: dense (model.attention_impl)\n" in out  # no cuDNN to suggest on a CPU
     for expected in ("devices: 1 x cpu", "matmul peak (float32, 2048^3)", "at the 32-token bucket",
                      "grad_accum_steps=1: micro-batch 16 x 32 tokens", "non-pad target tokens/s", "MFU",
                      "a 16-token bucket's step", "a 48-token bucket's step", "peak memory",

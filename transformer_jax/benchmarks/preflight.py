@@ -178,8 +178,12 @@ def preflight(run: run_config.RunConfig, options: Options = Options(), say=print
     except ConfigError as e:
         say(f"platform: train.py would stop here: {e}")
         record["train_py_starts"] = False
-    say("attention: " + (fused_attention.describe(cfg.dtype, cfg.d_k) if cfg.attention_impl == "fused"
-                         else f"{cfg.attention_impl} (model.attention_impl)"))
+    if cfg.attention_impl == "fused":
+        say("attention: " + fused_attention.describe(cfg.dtype, cfg.d_k))
+    else:
+        could = cfg.d_k == cfg.d_v and fused_attention.implementation_for(cfg.dtype, cfg.d_k) == "cudnn"
+        say(f"attention: {cfg.attention_impl} (model.attention_impl)" + (
+            "; attention_impl=fused would run cuDNN's flash attention here" if could else ""))
     device, count = jax.devices()[0], jax.device_count()
     limit, _ = device_memory(device)
     budget = memory_budget(options, device)
