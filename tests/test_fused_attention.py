@@ -219,3 +219,13 @@ def test_resume_may_switch_to_fused_with_a_notice():
     saved, new = {"model": {"attention_impl": "dense"}}, {"model": {"attention_impl": "fused"}}
     assert integrity.model_differences(saved, new) == []
     assert integrity.run_time_differences(saved, new) == ["model.attention_impl: saved 'dense', new 'fused'"]
+
+
+def test_the_paper_comparison_counts_a_fused_bfloat16_run_as_the_paper_row():
+    from configs import wmt14_en_de_base
+    from transformer_jax import run_config
+    from transformer_jax.evaluation import paper_tables
+    config = wmt14_en_de_base.get_config()
+    config.model.attention_impl, config.model.dtype = "fused", "bfloat16"
+    run = run_config.build_run_config(config, environment=False)
+    assert paper_tables.paper_differences(paper_tables.paper_reference("wmt14_en_de_base", "test"), run) == []
