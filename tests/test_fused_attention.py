@@ -124,6 +124,13 @@ def test_cudnn_only_where_it_serves(dtype, head_dim, backend, want):
         assert "set model.dtype=bfloat16" in line
 
 
+@pytest.mark.parametrize("q_len, kv_len, masked, want", [
+    (64, 48, True, "cudnn"), (64, 49, False, "cudnn"), (63, 48, True, "xla"), (64, 47, True, "xla")])
+def test_a_masked_cudnn_call_with_an_odd_length_takes_xla(q_len, kv_len, masked, want):
+    assert fused_attention.kernel_for("cudnn", q_len, kv_len, masked) == want
+    assert fused_attention.kernel_for("xla", q_len, kv_len, masked) == "xla"
+
+
 # ------------------------------------------------------------------------------------------- the model
 def _tiny(**overrides) -> ModelConfig:
     fields = dict(vocab_size=VOCAB, d_model=15, d_ff=17, num_heads=3, num_encoder_layers=1,

@@ -8,7 +8,9 @@ writes the [q_len, kv_len] weights to memory, and with ``causal`` skips the uppe
 What cuDNN takes, and so when ``implementation_for`` picks it (NVIDIA's support matrix for the fused
 kernel): an NVIDIA GPU, bfloat16 (or float16) inputs, one head size for keys and values (d_k == d_v) that
 is a multiple of 8 and at most 128 (the backward pass on Ampere; 256 on Hopper). Anything else takes
-``"xla"``; ``describe`` says which in one line.
+``"xla"``; ``describe`` says which in one line. A mask reaches cuDNN as an additive bias, with which its
+training kernel takes even lengths only, so a masked call with an odd length also takes ``"xla"``
+(``kernel_for``; the decoder's causal self-attention has no mask, and the WMT buckets are even).
 
 Same masks as the dense path (True = may attend). JAX's kernels fill masked logits with a large negative
 number, not -inf, so a query with no allowed key would average all the values; this wrapper zeroes that
@@ -53,6 +55,13 @@ def describe(dtype: str, head_dim: int, backend: str | None = None) -> str:
     return f"fused attention: XLA, not cuDNN ({why})"
 
 
+def kernel_for(implementation: str, q_len: int, kv_len: int, masked: bool) -> str:
+    """The kernel a call runs: ``implementation``, except a masked cuDNN call with an odd length (XLA)."""
+    if implementation == "cudnn" and masked and (q_len % 2 or kv_len % 2):
+        return "xla"
+    return implementation
+
+
 def fused_attention(query: Array, key: Array, value: Array, mask: Array | None = None, *,
                     causal: bool = False, implementation: str = "xla") -> Array:
     """softmax(Q K^T / sqrt(d_k), masked) V through ``jax.nn.dot_product_attention``.
@@ -78,8 +87,9 @@ def fused_attention(query: Array, key: Array, value: Array, mask: Array | None =
     q_len, kv_len = query.shape[1], key.shape[1]
     if mask is not None:  # cuDNN adds the mask as a bias, which must span [q_len, kv_len]
         mask = jnp.broadcast_to(mask, (mask.shape[0], 1, q_len, kv_len))
-    out = jax.nn.dot_product_attention(query, key, value, mask=mask, is_causal=causal,
-                                       implementation=implementation)  # [B, Q, H, D]
+    out = jax.nn.dot_product_attention(
+        query, key, value, mask=mask, is_causal=causal,
+        implementation=kernel_for(implementation, q_len, kv_len, mask is not None))  # [B, Q, H, D]
     if mask is None:  # causal alone leaves every query its own key
         return out
     visible = mask & jnp.tril(jnp.ones((q_len, kv_len), bool))[None, None] if causal else mask
