@@ -24,8 +24,10 @@ shuffled. The iterator state is {seed, epoch, step}: the plan is recomputed from
 Processes: every process computes the same global plan (same bucket at the same step, so
 multi-host jit never deadlocks) and gathers only its contiguous slice of B_L / process_count
 rows, so the shards are disjoint and together complete. The plan needs every pair's length, so
-each process tokenizes the whole train split once (minutes for WMT14 on a multi-core host);
-only batch assembly is sharded. batch_multiple must be a multiple of process_count.
+each process holds the whole train split's: for the 'text' and 'tfds' sources it maps the data cache's
+encoded split (``corpus_cache``: built once, by one process, and shared through the page cache), for
+the others it tokenizes the split in memory. Only batch assembly is sharded. batch_multiple must be a
+multiple of process_count.
 
 Why not grain: grain (0.2.18) has no token-budget bucketing, and its index shuffle runs per element in
 Python (docs/benchmarks.md); a NumPy permutation of the whole epoch is one vectorised call and keeps
