@@ -146,15 +146,8 @@ MULTI30K = SHARED_DATA / "multi30k"
 
 @pytest.mark.skipif(not (MULTI30K / "train.en").exists(), reason=f"Multi30k is not in {MULTI30K}")
 def test_multi30k_batches_equal_reading_it_in_memory(tmp_path):
-    cfg = default_data_config(
-        source="text",
-        dir=str(MULTI30K),
-        vocab_size=2000,
-        max_len=32,
-        length_buckets=BUCKETS,
-        tokens_per_batch=2048,
-        cache_dir=str(tmp_path / "cache"),
-    )
+    cfg = _config(MULTI30K, vocab_size=2000, tokens_per_batch=2048, tokenizer_train_examples=1_000_000,
+                  cache_dir=str(tmp_path / "cache"))
     tok = tokenizer.load_or_train_tokenizer(cfg, str(tmp_path / "workdir"))
     _assert_same_batches(batching.make_train_iterator(cfg, tok, seed=5), _in_memory(cfg, tok))
 

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from transformer_jax.model.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from transformer_jax.runtime import disk, errors
+from transformer_jax.runtime import disk, errors, output_file
 from transformer_jax.runtime.errors import ConfigError, DiskFullError, MissingFileError, UserError
 
 # What ``--quantization`` takes: CTranslate2's weight types. bfloat16 runs on GPUs and on CPUs with
@@ -267,16 +267,6 @@ def write_model(params: Mapping[str, Any], model_config, out_dir: str, *, pieces
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _pid_is_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # another user's live process
-        return False
-    return False
-
-
 def recover_leftovers(out_dir: str) -> None:
     """Cleans up what an exporter killed mid-way (kill -9, a crash) left beside ``out_dir``.
 
@@ -293,7 +283,7 @@ def recover_leftovers(out_dir: str) -> None:
     for entry in entries:
         pid, _, kind = entry.removeprefix(f"{name}.").partition(".")
         if not (entry.startswith(f"{name}.") and pid.isdigit() and kind in ("tmp", "old")
-                and int(pid) != os.getpid() and _pid_is_gone(int(pid))):
+                and int(pid) != os.getpid() and output_file.process_is_gone(int(pid))):
             continue
         path = os.path.join(folder, entry)
         if kind == "old" and not os.path.exists(out_dir):

@@ -18,6 +18,7 @@ import socket
 import tempfile
 from collections.abc import Iterator
 
+from transformer_jax.runtime import output_file
 from transformer_jax.runtime.errors import ConfigError, MissingFileError, UserError
 
 SPLITS = ("dev", "test")
@@ -125,7 +126,8 @@ def _take_claim(claim: str, stem: str) -> None:
             fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
             holder = _read_claim(claim)
-            if holder.get("host") == host and _process_is_gone(holder.get("pid")):
+            pid = holder.get("pid")
+            if holder.get("host") == host and isinstance(pid, int) and output_file.process_is_gone(pid):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(claim)  # left by a run killed with -9: taken over
                 continue
@@ -148,13 +150,3 @@ def _read_claim(claim: str) -> dict:
         return {}
 
 
-def _process_is_gone(pid) -> bool:
-    if not isinstance(pid, int):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # another user's live process
-        return False
-    return False

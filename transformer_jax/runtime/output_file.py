@@ -76,18 +76,25 @@ class OutputFile:
             raise
 
 
+def process_is_gone(pid: int) -> bool:
+    """Whether no process ``pid`` runs on this host (another user's live process is not gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's live process
+        return False
+    return False
+
+
 def _remove_orphans(folder: str, name: str) -> None:
     """Removes ``.<name>.<pid>.tmp`` files whose process is gone (a run killed with -9 leaves one)."""
     for entry in os.listdir(folder):
         pid = entry.removeprefix(f".{name}.").removesuffix(".tmp")
-        if entry.startswith(f".{name}.") and entry.endswith(".tmp") and pid.isdigit():
-            try:
-                os.kill(int(pid), 0)
-            except ProcessLookupError:
-                with contextlib.suppress(OSError):
-                    os.remove(os.path.join(folder, entry))
-            except PermissionError:  # another user's live process
-                pass
+        orphan = entry.startswith(f".{name}.") and entry.endswith(".tmp") and pid.isdigit()
+        if orphan and process_is_gone(int(pid)):
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(folder, entry))
 
 
 def write_stdout(text: str) -> None:

@@ -11,19 +11,10 @@ import socket
 import subprocess
 import time
 
+from transformer_jax.runtime import output_file
 from transformer_jax.runtime.errors import WorkdirBusyError
 
 _log = logging.getLogger(__name__)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by another user
-        return True
-    return True
 
 
 # Slurm job states in which the job's processes may still run (squeue's %T); any other state (PENDING,
@@ -145,7 +136,7 @@ class WorkdirLock:
                         os.close(fd)
                         raise self._refuse(holder, why)
                     _log.warning("Taking over lock %s left by pid %d of %s", self.path, pid, why)
-                elif _pid_alive(pid):
+                elif not output_file.process_is_gone(pid):
                     os.close(fd)
                     raise self._refuse(holder, "the process is alive")
                 else:
