@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from shared_data import SHARED_DATA
 
-from transformer_jax.data import batching, corpus_cache, tokenizer
+from transformer_jax.data import batching, corpus_cache, pipeline, tokenizer
 from transformer_jax.data.config import default_data_config
 from transformer_jax.data.sources import get_source
 from transformer_jax.sweep import grid
@@ -84,7 +84,7 @@ def _in_memory(cfg, tok: tokenizer.Tokenizer) -> batching.TrainIterator:
     """The train iterator as reading the whole corpus into memory gives it."""
     source = get_source(cfg)
     data = batching.tokenize_pairs(
-        source.pairs("train"), tok, where=batching._describe_pairs(source, "train")
+        source.pairs("train"), tok, where=pipeline.describe_pairs(source, "train")
     )
     fits = np.maximum(data.src_lengths, data.tgt_lengths) <= cfg.max_len
     return batching.TrainIterator(
@@ -118,17 +118,17 @@ def test_tokenizer_batches_and_warnings_equal_reading_the_corpus_in_memory(
         monkeypatch.setattr(corpus_cache, "SMALL_BYTES", 0)
     _write_corpus(tmp_path)
     cfg = _config(tmp_path, text_form=text_form)
-    tok = tokenizer.load_or_train_tokenizer(cfg, str(tmp_path / "workdir"))
+    tok = pipeline.load_or_train_tokenizer(cfg, str(tmp_path / "workdir"))
     reference = tokenizer.Tokenizer(
         tokenizer.train_tokenizer(
-            list(tokenizer._training_sentences(cfg)), vocab_size=cfg.vocab_size, vocab_type=cfg.vocab_type
+            list(tokenizer.training_sentences(cfg)), vocab_size=cfg.vocab_size, vocab_type=cfg.vocab_type
         )
     )
     assert tok.sha256 == reference.sha256  # the vocabulary a run trained before the cache existed
 
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        cached = batching.make_train_iterator(cfg, tok, seed=5)
+        cached = pipeline.make_train_iterator(cfg, tok, seed=5)
     from_cache = _warnings(caplog)
     caplog.clear()
     with caplog.at_level(logging.WARNING):
@@ -148,8 +148,8 @@ MULTI30K = SHARED_DATA / "multi30k"
 def test_multi30k_batches_equal_reading_it_in_memory(tmp_path):
     cfg = _config(MULTI30K, vocab_size=2000, tokens_per_batch=2048, tokenizer_train_examples=1_000_000,
                   cache_dir=str(tmp_path / "cache"))
-    tok = tokenizer.load_or_train_tokenizer(cfg, str(tmp_path / "workdir"))
-    _assert_same_batches(batching.make_train_iterator(cfg, tok, seed=5), _in_memory(cfg, tok))
+    tok = pipeline.load_or_train_tokenizer(cfg, str(tmp_path / "workdir"))
+    _assert_same_batches(pipeline.make_train_iterator(cfg, tok, seed=5), _in_memory(cfg, tok))
 
 
 def _entries(cache, kind: str) -> list[str]:
@@ -165,8 +165,8 @@ def test_later_runs_map_the_entries_and_a_changed_file_or_setting_builds_new_one
     cache = tmp_path / "cache"
 
     def start(cfg, workdir):  # what a run does at start-up
-        tok = tokenizer.load_or_train_tokenizer(cfg, str(tmp_path / workdir))
-        return tok, batching.make_train_iterator(cfg, tok, seed=0)
+        tok = pipeline.load_or_train_tokenizer(cfg, str(tmp_path / workdir))
+        return tok, pipeline.make_train_iterator(cfg, tok, seed=0)
 
     tok, _ = start(_config(tmp_path), "run1")
     assert builds == ["build_tokenizer", "build_encoded"]
@@ -199,8 +199,8 @@ def test_table3_rows_on_the_same_data_share_one_tokenizer_and_one_encoded_split(
     for row in rows:
         run = grid.run_config.build_run_config(grid.build_config(row))
         models.add(run.model)
-        tok = tokenizer.load_or_train_tokenizer(run.data, str(tmp_path / row.name))
-        batching.make_train_iterator(run.data, tok, seed=run.seed)
+        tok = pipeline.load_or_train_tokenizer(run.data, str(tmp_path / row.name))
+        pipeline.make_train_iterator(run.data, tok, seed=run.seed)
     assert len(models) >= 10  # the rows differ in the model, not in the data
     assert len(_entries(tmp_path / "cache", "tokenizers")) == 1
     assert len(_entries(tmp_path / "cache", "encoded")) == 1
@@ -211,14 +211,14 @@ def test_table3_rows_on_the_same_data_share_one_tokenizer_and_one_encoded_split(
 def test_a_damaged_encoded_file_is_rebuilt_and_gives_the_same_batches(tmp_path, caplog):
     _write_corpus(tmp_path)
     cfg = _config(tmp_path)
-    tok = tokenizer.load_or_train_tokenizer(cfg, str(tmp_path / "workdir"))
-    batching.make_train_iterator(cfg, tok, seed=5)
+    tok = pipeline.load_or_train_tokenizer(cfg, str(tmp_path / "workdir"))
+    pipeline.make_train_iterator(cfg, tok, seed=5)
     caplog.clear()
     entry = tmp_path / "cache" / "encoded" / _entries(tmp_path / "cache", "encoded")[0]
     ids = (entry / "tgt.ids").read_bytes()
     (entry / "tgt.ids").write_bytes(ids[: len(ids) // 2])  # a copy cut short
     with caplog.at_level(logging.WARNING):
-        rebuilt = batching.make_train_iterator(cfg, tok, seed=5)
+        rebuilt = pipeline.make_train_iterator(cfg, tok, seed=5)
     assert any("is damaged (tgt.ids has" in m for m in _warnings(caplog))
     _assert_same_batches(rebuilt, _in_memory(cfg, tok))
 
@@ -229,11 +229,11 @@ def test_a_copy_of_the_corpus_elsewhere_maps_the_same_entry_and_names_its_own_fi
     copy.mkdir()
     for path in tmp_path.glob("*.*"):
         shutil.copy(path, copy)
-    tok = tokenizer.load_or_train_tokenizer(_config(tmp_path), str(tmp_path / "workdir"))
-    batching.make_train_iterator(_config(tmp_path), tok, seed=0)
+    tok = pipeline.load_or_train_tokenizer(_config(tmp_path), str(tmp_path / "workdir"))
+    pipeline.make_train_iterator(_config(tmp_path), tok, seed=0)
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        batching.make_train_iterator(_config(copy, cache_dir=str(tmp_path / "cache")), tok, seed=0)
+        pipeline.make_train_iterator(_config(copy, cache_dir=str(tmp_path / "cache")), tok, seed=0)
     assert len(_entries(tmp_path / "cache", "encoded")) == 1  # keyed by content, not by path
     warned = _warnings(caplog)
     assert len(warned) == 5 and all(str(copy / "train.") in m for m in warned[:4]), warned

@@ -136,18 +136,18 @@ def start(spec: dict) -> dict:
     from transformer_jax.runtime import host_memory
 
     host_memory.keep_freed_memory()  # as train.py: a start-up's peak stays for the whole run
-    from transformer_jax.data import batching, config, sources, tokenizer
+    from transformer_jax.data import batching, config, pipeline, sources, tokenizer
 
     rss_before = _status_kib("VmRSS")
     began = time.perf_counter()
     cfg = config.default_data_config(**spec["data"])
     if spec["path"] == "cache":
-        tok = tokenizer.load_or_train_tokenizer(cfg, spec["workdir"])
-        iterator = batching.make_train_iterator(cfg, tok, seed=0)
+        tok = pipeline.load_or_train_tokenizer(cfg, spec["workdir"])
+        iterator = pipeline.make_train_iterator(cfg, tok, seed=0)
     else:  # the code every start ran before the data cache: read the split whole, encode it
         model = tokenizer.tokenizer_file(spec["workdir"])
         if not model.exists():
-            sentences = list(tokenizer._training_sentences(cfg))
+            sentences = list(tokenizer.training_sentences(cfg))
             proto = tokenizer.train_tokenizer(sentences, vocab_size=cfg.vocab_size, vocab_type=cfg.vocab_type)
             del sentences
             model.parent.mkdir(parents=True)

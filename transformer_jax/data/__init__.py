@@ -13,18 +13,14 @@ Parsing sources (`is_parsing(data_config)`) are `TreebankSource`s: `source.trees
 gold trees aligned with `pairs(split)`, for `transformer_jax.evaluation.evalb`.
 """
 
-from transformer_jax.data.batching import (
-    TokenizedSplit,
-    TrainIterator,
-    make_train_iterator,
-    tokenize_pairs,
-)
+from transformer_jax.data.batching import TokenizedSplit, TrainIterator, tokenize_pairs
 from transformer_jax.data.config import (
     check_tokens_per_batch,
     default_data_config,
     validate_data_config,
 )
 from transformer_jax.data.eval_batches import EvalBatch, make_eval_batches
+from transformer_jax.data.pipeline import load_or_train_tokenizer, make_train_iterator
 from transformer_jax.data.sources import (
     Source,
     TextSource,
@@ -38,7 +34,7 @@ from transformer_jax.data.synthetic import (
     copy_baseline,
     lexicon_baseline,
 )
-from transformer_jax.data.tokenizer import Tokenizer, load_or_train_tokenizer
+from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.data.treebank import TreebankSource, is_parsing
 
 __all__ = [

@@ -42,14 +42,14 @@ import itertools
 import logging
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from transformer_jax.data.config import validate_data_config
-from transformer_jax.data.sources import get_source
-from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.model.special_ids import EOS_ID, PAD_ID, UNK_ID
+
+if TYPE_CHECKING:  # only annotated: the tokenizer module imports this one's callers
+    from transformer_jax.data.tokenizer import Tokenizer
 
 # Pairs are tokenized this many at a time (bounds the memory of lazily read TFDS splits).
 _ENCODE_CHUNK = 65536
@@ -224,7 +224,7 @@ def assign_buckets(lengths: np.ndarray, length_buckets: Sequence[int]) -> np.nda
     return np.searchsorted(np.asarray(length_buckets), lengths, side="left")
 
 
-def _check_sharding(process_index: int, process_count: int, batch_multiple: int) -> None:
+def check_sharding(process_index: int, process_count: int, batch_multiple: int) -> None:
     if process_count < 1 or not 0 <= process_index < process_count:
         raise ValueError(
             f"expected 0 <= process_index < process_count, got process_index={process_index},"
@@ -264,7 +264,7 @@ class TrainIterator:
         num_dropped: int = 0,
         by_source: bool = False,
     ):
-        _check_sharding(process_index, process_count, batch_multiple)
+        check_sharding(process_index, process_count, batch_multiple)
         if len(data) == 0:
             raise ValueError("no train examples left (all empty or longer than max_len)")
         self._data = data
@@ -363,64 +363,3 @@ class TrainIterator:
         if int(state["epoch"]) != self._epoch:
             self._plan = None
         self._epoch, self._step = int(state["epoch"]), step
-
-
-def _describe_pairs(source: Any, split: str) -> Callable[[list[int]], str] | None:
-    """For a text source: pair indices -> "train.en / train.de lines 3, 9" (its kept pairs' line numbers)."""
-    lines = getattr(source, "line_numbers", {}).get(split)
-    if lines is None or not hasattr(source, "paths"):
-        return None
-    src_path, tgt_path = source.paths(split)
-    return lambda indices: f"{src_path} / {tgt_path} lines {', '.join(str(lines[i]) for i in indices)}"
-
-
-def make_train_iterator(
-    data_config: Any,
-    tokenizer: Tokenizer,
-    *,
-    seed: int,
-    process_index: int = 0,
-    process_count: int = 1,
-    batch_multiple: int = 1,
-    cache_fallback: str | None = None,
-) -> TrainIterator:
-    """An infinite `TrainIterator` over the train split, tokenized once.
-
-    The file-backed translation sources ('text', 'tfds') are read from the data cache, encoded there once
-    per content (`corpus_cache.open_train_split`; `cache_fallback`, e.g. the workdir, is used when the
-    cache root cannot be written); the others are tokenized in memory. Pairs longer than
-    data_config.max_len tokens on either side (EOS included) are dropped; the count is logged and kept as
-    `num_dropped`.
-    """
-    from transformer_jax.data import corpus_cache  # it imports this module
-
-    validate_data_config(data_config)
-    _check_sharding(process_index, process_count, batch_multiple)
-    if corpus_cache.is_cached(data_config):
-        data = corpus_cache.open_train_split(data_config, tokenizer, fallback=cache_fallback)
-    else:
-        source = get_source(data_config)
-        data = tokenize_pairs(source.pairs("train"), tokenizer, where=_describe_pairs(source, "train"))
-    fits = np.maximum(data.src_lengths, data.tgt_lengths) <= data_config.max_len
-    num_dropped = int(len(data) - fits.sum())
-    if num_dropped:  # a warning, not info: train.py shows warnings
-        logging.warning(
-            "Dropped %d of %d train pairs longer than max_len=%d",
-            num_dropped,
-            len(data),
-            data_config.max_len,
-        )
-        data = data.select(fits)
-    buckets = [b for b in data_config.length_buckets if b < data_config.max_len]
-    buckets.append(min(b for b in data_config.length_buckets if b >= data_config.max_len))
-    return TrainIterator(
-        data,
-        length_buckets=buckets,
-        tokens_per_batch=data_config.tokens_per_batch,
-        seed=seed,
-        process_index=process_index,
-        process_count=process_count,
-        batch_multiple=batch_multiple,
-        num_dropped=num_dropped,
-        by_source=data_config.bucket_by_source,
-    )

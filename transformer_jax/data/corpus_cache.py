@@ -59,6 +59,7 @@ from transformer_jax.data.sources import (
     suspicious_lines,
 )
 from transformer_jax.data.text_form import TextForm, text_form_of
+from transformer_jax.data.tokenizer import SAMPLE_SEED, Tokenizer, check_vocab_size, train_tokenizer
 from transformer_jax.runtime.errors import DataError, MissingFileError
 
 FORMAT = 1  # bump when the files or their content change; older entries are then not read
@@ -229,8 +230,6 @@ def die_with_parent() -> None:
 
 
 def _init_worker(corpus: TextCorpus | TfdsCorpus, form: TextForm, tokenizer_proto: bytes | None) -> None:
-    from transformer_jax.data.tokenizer import Tokenizer
-
     if corpus.processes:
         die_with_parent()
     _worker_state.update(corpus=corpus, form=form)
@@ -402,8 +401,6 @@ def sample_sentences(corpus: TextCorpus | TfdsCorpus, form: TextForm, cap: int, 
 def build_encoded(folder: Path, corpus: TextCorpus | TfdsCorpus, form: TextForm,
                   tokenizer_proto: bytes) -> dict[str, Any]:
     """Encodes the corpus into ``folder``'s files; returns the manifest's counts and warnings."""
-    from transformer_jax.data.tokenizer import Tokenizer
-
     corpus = corpus.indexed()  # the files checked before anything is said
     workers = f"{corpus.processes} worker processes" if corpus.processes else "this process"
     announce(corpus, f"Encoding the train split of {corpus.describe()} into the data cache ({workers})")
@@ -497,16 +494,14 @@ def load(entry: Path, manifest: dict[str, Any]) -> TokenizedSplit:
 def build_tokenizer(folder: Path, corpus: TextCorpus | TfdsCorpus, data_config: Any,
                     seed: int) -> dict[str, Any]:
     """Trains ``data_config``'s SentencePiece model on (a sample of) the corpus into ``folder/spm.model``."""
-    from transformer_jax.data import tokenizer as tokenizer_lib
-
     corpus = corpus.indexed()  # the files checked before anything is said
     announce(corpus, f"Training the {data_config.vocab_type} tokenizer (vocab_size={data_config.vocab_size}) "
              f"of {corpus.describe()} into the data cache")
     sentences = sample_sentences(corpus, text_form_of(data_config), data_config.tokenizer_train_examples,
                                  seed)
-    tokenizer_lib.check_vocab_size(data_config, sentences)
+    check_vocab_size(data_config, sentences)
     proto = with_elapsed_time(corpus, f"tokenizer training on {len(sentences):,} sentences", lambda: (
-        tokenizer_lib.train_tokenizer(sentences, vocab_size=data_config.vocab_size,
+        train_tokenizer(sentences, vocab_size=data_config.vocab_size,
                                       vocab_type=data_config.vocab_type,
                                       character_coverage=data_config.character_coverage)))
     (folder / "spm.model").write_bytes(proto)
@@ -518,8 +513,7 @@ def shared_tokenizer(data_config: Any, *, fallback: str | os.PathLike | None = N
     cache (trained there first if missing): every run and sweep row on the same data and settings gets
     the same vocabulary (the sample drawn with ``tokenizer.SAMPLE_SEED``). ``fallback`` as in
     ``open_train_split``."""
-    from transformer_jax.data.tokenizer import SAMPLE_SEED as seed
-
+    seed = SAMPLE_SEED
     corpus = open_corpus(data_config)
     spec = {"format": FORMAT, "data": corpus.fingerprint(), "src_lang": data_config.src_lang,
             "tgt_lang": data_config.tgt_lang, "text_form": data_config.text_form,

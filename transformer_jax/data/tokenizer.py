@@ -21,7 +21,6 @@ those ids to their tokens; constrained decoding (`evaluation/tree_constraints.py
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 import re
 import tempfile
@@ -32,7 +31,6 @@ from typing import Any
 import numpy as np
 import sentencepiece as spm
 
-from transformer_jax.data.config import validate_data_config
 from transformer_jax.data.sources import get_source
 from transformer_jax.data.text_form import RAW, TextForm, text_form_of
 from transformer_jax.data.trees import bracket_tokens, is_bracket
@@ -153,7 +151,7 @@ def _bracket_ids(model_proto: bytes) -> dict[int, str]:
             if p.type == user_defined and is_bracket(p.piece)}
 
 
-def _user_symbols(data_config: Any) -> list[str]:
+def user_symbols(data_config: Any) -> list[str]:
     """The bracket tokens of the train trees when the target's leaves are the words, else []."""
     if getattr(data_config, "source", None) not in ("ptb", "synthetic_trees"):
         return []
@@ -162,7 +160,7 @@ def _user_symbols(data_config: Any) -> list[str]:
     return bracket_tokens(get_source(data_config).trees("train"))
 
 
-def _training_sentences(data_config: Any) -> Iterable[str]:
+def training_sentences(data_config: Any) -> Iterable[str]:
     """Source and target sentences of (a seeded subset of) the train split."""
     pairs = get_source(data_config).pairs("train")
     n = len(pairs)
@@ -278,59 +276,3 @@ def train_tokenizer(
 def tokenizer_file(workdir: str | os.PathLike) -> Path:
     """Where a workdir keeps its tokenizer: ``<workdir>/tokenizer/spm.model``."""
     return Path(workdir) / "tokenizer" / "spm.model"
-
-
-def load_or_train_tokenizer(data_config: Any, workdir: str | None) -> Tokenizer:
-    """Loads `{workdir}/tokenizer/spm.model`, or trains it and keeps it there.
-
-    Trains a shared SentencePiece model (type `data_config.vocab_type`, size
-    `data_config.vocab_size`) on the train split's source and target sentences, at most
-    `data_config.tokenizer_train_examples` pairs. For the file-backed translation sources ('text',
-    'tfds') the model comes from the data cache (`corpus_cache.shared_tokenizer`: trained once per data
-    and settings, shared by every run on them) and the workdir keeps a copy, so that evaluation,
-    translation and export need only the workdir. `workdir=None` uses a fresh temporary folder.
-
-    With several processes sharing one workdir, let process 0 call this first (or give each
-    process the same prepared model): the write is atomic, but the processes would train in
-    parallel.
-
-    Raises:
-      ConfigError: vocab_size too large for the corpus (checked before training, then by SentencePiece;
-        suggests a size), or too small for its characters.
-      ValueError: a cached model whose vocab size differs from data_config.vocab_size.
-    """
-    validate_data_config(data_config)
-    if workdir is None:
-        workdir = tempfile.mkdtemp(prefix="transformer_jax_")
-    path = tokenizer_file(workdir)
-    if path.exists():
-        tokenizer = Tokenizer.from_file(path, text_form=text_form_of(data_config))
-        if tokenizer.vocab_size != data_config.vocab_size:
-            raise ValueError(
-                f"cached tokenizer {path} has vocab_size={tokenizer.vocab_size} but"
-                f" data_config.vocab_size={data_config.vocab_size}; delete it to retrain, or set"
-                f" vocab_size={tokenizer.vocab_size}"
-            )
-        logging.info("Loaded tokenizer %s (vocab_size=%d)", path, tokenizer.vocab_size)
-        return tokenizer
-    from transformer_jax.data import corpus_cache  # it imports this module (through batching)
-
-    if corpus_cache.is_cached(data_config):
-        proto = corpus_cache.shared_tokenizer(data_config, fallback=workdir)
-    else:
-        logging.info("Training %s tokenizer, vocab_size=%d", data_config.vocab_type, data_config.vocab_size)
-        sentences = list(_training_sentences(data_config))
-        check_vocab_size(data_config, sentences)
-        proto = train_tokenizer(
-            sentences,
-            vocab_size=data_config.vocab_size,
-            vocab_type=data_config.vocab_type,
-            character_coverage=getattr(data_config, "character_coverage", CHARACTER_COVERAGE),
-            user_defined_symbols=_user_symbols(data_config),
-        )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"spm.model.tmp{os.getpid()}")
-    tmp.write_bytes(proto)
-    os.replace(tmp, path)  # atomic: a reader never sees half a model
-    logging.info("Saved tokenizer %s", path)
-    return Tokenizer(proto, model_path=str(path), text_form=text_form_of(data_config))
