@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from shared_data import SHARED_DATA
 
-from transformer_jax.data import batching, corpus_cache, pipeline, tokenizer
+from transformer_jax.data import batching, corpora, corpus_cache, pipeline, tokenizer
 from transformer_jax.data.config import default_data_config
 from transformer_jax.data.sources import get_source
 from transformer_jax.sweep import grid
@@ -115,7 +115,7 @@ def test_tokenizer_batches_and_warnings_equal_reading_the_corpus_in_memory(
 ):
     """300 of 400 rows train the tokenizer, so the build scans for non-empty pairs and samples them."""
     if processes:  # the path of a corpus over SMALL_BYTES: a child process with a pool of workers
-        monkeypatch.setattr(corpus_cache, "SMALL_BYTES", 0)
+        monkeypatch.setattr(corpora, "SMALL_BYTES", 0)
     _write_corpus(tmp_path)
     cfg = _config(tmp_path, text_form=text_form)
     tok = pipeline.load_or_train_tokenizer(cfg, str(tmp_path / "workdir"))

@@ -263,10 +263,10 @@ def test_tfds_train_split_goes_through_the_data_cache_with_the_same_batches(tiny
                                                                            monkeypatch, processes):
     """Read once into the cache (the workers open the prepared folder, no registered builder needed), then
     mapped; the batches equal those of the lazy TFDS view encoded in memory."""
-    from transformer_jax.data import batching, corpus_cache, pipeline
+    from transformer_jax.data import batching, corpora, pipeline
 
     if processes:
-        monkeypatch.setattr(corpus_cache, "SMALL_PAIRS", 0)
+        monkeypatch.setattr(corpora, "SMALL_PAIRS", 0)
     cfg = default_data_config(source="tfds", tfds_name="tiny_translate_for_test", tfds_data_dir=tiny_tfds_dir,
                               vocab_size=40, max_len=16, length_buckets=(8, 16), tokens_per_batch=64,
                               cache_dir=str(tmp_path / "cache"))

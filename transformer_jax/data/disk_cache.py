@@ -65,7 +65,7 @@ _hashed: dict[tuple, str] = {}  # (path, size, mtime, inode) -> SHA-256, for thi
 
 
 def file_sha256(path: str | os.PathLike) -> str:
-    """The hex SHA-256 of a file's bytes, read in blocks (about 1.7 GB/s here); a file unchanged since this
+    """The hex SHA-256 of a file's bytes, read in blocks; a file unchanged since this
     process last hashed it (same size, modification time and inode) is not read again."""
     status = os.stat(path)
     identity = (os.path.realpath(path), status.st_size, status.st_mtime_ns, status.st_ino)

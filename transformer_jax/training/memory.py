@@ -19,8 +19,8 @@ Parameters, heads, the FFN's inner size and the vocabulary are divided over the 
 (the default logical axis rules), rows over its 'data' axis and over ``grad_accum_steps``. On a CPU,
 XLA computes bfloat16 in float32, so ``platform="cpu"`` counts 4 bytes for either dtype.
 
-Measured against XLA's buffer assignment of the compiled CPU step (docs/benchmarks.md), the estimate is
-1.0-1.5x the real peak: an upper bound a user can plan with.
+It counts every buffer the step may hold at once, so it errs high: an upper bound a user can plan with
+(measured against XLA's buffer assignment of the compiled CPU step in docs/benchmarks.md).
 
 ``check_host_memory`` refuses, in one line, a CPU run whose step this host cannot hold;
 ``out_of_memory_error`` turns an accelerator's RESOURCE_EXHAUSTED into the same kind of line.
