@@ -58,6 +58,11 @@ _THREADS = flags.DEFINE_integer("threads", None, "--engine=ctranslate2: CPU thre
 _QUANTIZATION = flags.DEFINE_enum(
     "quantization", None, list(ctranslate2_engine.QUANTIZATIONS),
     "--engine=ctranslate2: weight type; default: the export's (float32 below d_model 256, int8 from it).")
+_ENSEMBLE = flags.DEFINE_list(
+    "ensemble", [],
+    "More workdirs (comma-separated) whose models decode together with --workdir's: the mean of their "
+    "next-token distributions. Each is restored at its latest checkpoint with the same --average_last; "
+    "the model shape and tokenizer must match. Outputs are named <...>-ens<M>.")
 _OVERWRITE = flags.DEFINE_bool(
     "overwrite", False, "Replace an existing result of the same step and inputs (otherwise an error).")
 
@@ -70,7 +75,7 @@ def main(argv):
         source_file=_SOURCE_FILE.value, reference_file=_REFERENCE_FILE.value,
         beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value, max_extra_len=_MAX_EXTRA_LEN.value,
         output_dir=_OUTPUT_DIR.value, overwrite=_OVERWRITE.value, engine=_ENGINE.value,
-        threads=_THREADS.value, quantization=_QUANTIZATION.value)
+        threads=_THREADS.value, quantization=_QUANTIZATION.value, ensemble=tuple(_ENSEMBLE.value))
     table = results.pop("table")
     print(json.dumps(results, indent=1))
     print()

@@ -14,7 +14,7 @@ from tiny import TRAIN, TRAINED, config_with, untrained_workdir
 
 from transformer_jax import data as data_lib
 from transformer_jax.evaluation import workdir_scoring
-from transformer_jax.runtime.errors import ConfigError, DataError, UserError
+from transformer_jax.runtime.errors import ConfigError, DataError, MissingFileError, UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ABSL_LOG_LINE = re.compile(r"[IWEF]\d{4} ")  # library log lines (orbax), not the error itself
@@ -239,3 +239,39 @@ def test_a_damaged_step_asked_for_is_one_line(workdir, tmp_path):
                                "(CorruptCheckpointError: checksum mismatch in 1 array(s) (params/")
     assert lines[0].endswith("available steps: [2, 4, 6]. Choose another step, or leave the step out for the "
                              "newest one that restores")
+
+
+def test_an_ensemble_decodes_the_workdirs_models_together(workdir, tmp_path):
+    path, _ = workdir
+    same = str(tmp_path / "same")  # the same model: the ensemble must score exactly as it alone
+    shutil.copytree(path, same, ignore=shutil.ignore_patterns("eval"))
+    other = str(tmp_path / "other")  # another model of the same shape and tokenizer (untrained)
+    untrained_workdir(config_with(TRAINED), other, steps=(6,))
+    settings = {"split": "dev", "beam_size": 1, "max_extra_len": 4, "average_last": 1,
+                "output_dir": str(tmp_path / "out")}
+    single = workdir_scoring.evaluate_workdir(path, **settings)
+    twice = workdir_scoring.evaluate_workdir(path, ensemble=(same,), **settings)
+    assert os.path.basename(twice["outputs"][1]) == "dev-6-ens2.json"
+    assert twice["ensemble"] == [{"workdir": path, "averaged_steps": [6]},
+                                 {"workdir": same, "averaged_steps": [6]}]
+    assert twice["ppl"] == pytest.approx(single["ppl"], rel=1e-5)
+    assert twice["sacrebleu"] == single["sacrebleu"]
+    mixed = workdir_scoring.evaluate_workdir(path, ensemble=(other,), overwrite=True, **settings)
+    assert mixed["ppl"] != pytest.approx(single["ppl"], rel=1e-3)  # the untrained member counts
+
+    with pytest.raises(ConfigError, match="each model once"):
+        workdir_scoring.evaluate_workdir(path, ensemble=(same, same), **settings)
+    with pytest.raises(MissingFileError, match=r"--ensemble=.*nowhere: no such directory"):
+        workdir_scoring.evaluate_workdir(path, ensemble=(str(tmp_path / "nowhere"),), **settings)
+    wider = str(tmp_path / "wider")
+    untrained_workdir(config_with({**TRAINED, "model.d_ff": 26}), wider, steps=(6,))
+    with pytest.raises(ConfigError, match=r"its model differs from --workdir's: d_ff=26 \(first: 22\)"):
+        workdir_scoring.evaluate_workdir(path, ensemble=(wider,), **settings)
+    retokenized = str(tmp_path / "retokenized")  # same shape, a vocabulary from other data
+    untrained_workdir(config_with({**TRAINED, "data.synthetic_seed": 1}), retokenized, steps=(6,))
+    with pytest.raises(ConfigError, match="its tokenizer differs from --workdir's"):
+        workdir_scoring.evaluate_workdir(path, ensemble=(retokenized,), **settings)
+    result = _evaluate(f"--workdir={path}", f"--ensemble={same},{other}", "--split=dev", "--average_last=1",
+                       f"--output_dir={tmp_path / 'cli'}", *FAST)
+    assert result.returncode == 0, result.stderr
+    assert os.path.exists(tmp_path / "cli" / "dev-6-ens3.json")

@@ -13,6 +13,7 @@ from transformer_jax.data import default_data_config, get_source, load_or_train_
 from transformer_jax.data.trees import delinearize, is_bracket, linearize, parse_trees
 from transformer_jax.evaluation import decode, evalb, tree_constraints
 from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.ensemble import Ensemble
 from transformer_jax.model.special_ids import EOS_ID, PAD_ID
 
 MAX_EXTRA_LEN = 40
@@ -49,7 +50,10 @@ def _inputs(tokenizer, sentences, src_len=None):
 
 def _decode(tokenizer, sentences, *, beam_size, constrained=True, seed=3, max_extra_len=MAX_EXTRA_LEN):
     """The token lists of each sentence's decoded tree (random model), for ``sentences`` repeated to ROWS."""
-    config, params = _model(tokenizer.vocab_size, seed)
+    seeds = seed if isinstance(seed, tuple) else (seed,)  # several: their ensemble decodes
+    config, params = _model(tokenizer.vocab_size, seeds[0])
+    if len(seeds) > 1:
+        params = Ensemble(tuple(_model(tokenizer.vocab_size, s)[1] for s in seeds))
     sentences = [sentences[i % len(sentences)] for i in range(ROWS)]
     inputs = _inputs(tokenizer, sentences, SRC_LEN)
     constraint = tree_constraints.TreeConstraint.from_tokenizer(tokenizer) if constrained else None
@@ -86,7 +90,7 @@ def test_tokenizer_brackets_are_single_ids_and_words_keep_their_source_pieces(se
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])
-@pytest.mark.parametrize("seed", [3, 11])
+@pytest.mark.parametrize("seed", [3, 11, (3, 11)])
 def test_random_models_output_trees_over_the_input_words(setup, beam_size, seed):
     tokenizer, source = setup
     sentences = [words for words, _ in source.pairs("test")]

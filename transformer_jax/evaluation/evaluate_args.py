@@ -16,7 +16,7 @@ import json
 import os
 import socket
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from transformer_jax.runtime import output_file
 from transformer_jax.runtime.errors import ConfigError, MissingFileError, UserError
@@ -52,7 +52,8 @@ def check_writable(output_dir: str) -> None:
 
 def check_arguments(workdir: str, *, step: int | None, average_last: int, split: str,
                     source_file: str | None, reference_file: str | None, beam_size: int | None,
-                    alpha: float | None, max_extra_len: int | None, output_dir: str) -> None:
+                    alpha: float | None, max_extra_len: int | None, output_dir: str,
+                    ensemble: Sequence[str] = ()) -> None:
     """Every argument of ``workdir_scoring.evaluate_workdir``, before anything is restored.
 
     Raises:
@@ -71,12 +72,17 @@ def check_arguments(workdir: str, *, step: int | None, average_last: int, split:
         given, missing = (("--source_file", "--reference_file") if source_file
                           else ("--reference_file", "--source_file"))
         raise ConfigError(f"{given} needs {missing} too (the line-aligned other side)")
-    if not os.path.isdir(workdir):
-        raise MissingFileError(f"--workdir={workdir}: no such directory; pass the --workdir of a "
-                               "train.py run")
-    if not os.path.isdir(os.path.join(workdir, "checkpoints")):
-        raise MissingFileError(f"--workdir={workdir} holds no checkpoints/ folder; is it a train.py "
-                               "workdir, and has it saved a checkpoint yet?")
+    for flag, folder in (("workdir", workdir), *(("ensemble", d) for d in ensemble)):
+        if not os.path.isdir(folder):
+            raise MissingFileError(f"--{flag}={folder}: no such directory; pass the --workdir of a "
+                                   "train.py run")
+        if not os.path.isdir(os.path.join(folder, "checkpoints")):
+            raise MissingFileError(f"--{flag}={folder} holds no checkpoints/ folder; is it a train.py "
+                                   "workdir, and has it saved a checkpoint yet?")
+    if any(os.path.realpath(d) == os.path.realpath(workdir) for d in ensemble) or \
+            len({os.path.realpath(d) for d in ensemble}) < len(ensemble):
+        raise ConfigError(f"--ensemble={','.join(ensemble)}: each model once; --workdir={workdir} is "
+                          "already the first")
     for flag, path in (("source_file", source_file), ("reference_file", reference_file)):
         if path and not os.path.isfile(path):
             raise MissingFileError(f"--{flag}={path}: no such file")
@@ -84,11 +90,14 @@ def check_arguments(workdir: str, *, step: int | None, average_last: int, split:
 
 
 def output_stem(output_dir: str, *, split: str, step: int, source_file: str | None,
-                average_last: int, engine: str = "jax") -> str:
-    """``<output_dir>/<name>-<step>[-avg<N>][-<engine>]``: name is the split, or the source file's base
-    name; the engine is named unless it is the JAX reference."""
+                average_last: int, engine: str = "jax", ensemble_size: int = 1) -> str:
+    """``<output_dir>/<name>-<step>[-avg<N>][-ens<M>][-<engine>]``: name is the split, or the source
+    file's base name; M counts the models decoded together; the engine is named unless it is the JAX
+    reference."""
     name = os.path.basename(source_file) if source_file else split
     suffix = f"-avg{average_last}" if average_last > 1 else ""
+    if ensemble_size > 1:
+        suffix += f"-ens{ensemble_size}"
     if engine != "jax":
         suffix += f"-{engine}"
     return os.path.join(output_dir, f"{name}-{step}{suffix}")

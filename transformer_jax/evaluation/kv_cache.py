@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.decode_cache import DecodeCache
+from transformer_jax.model.ensemble import Ensemble, mean_log_probs
 from transformer_jax.model.special_ids import BOS_ID
 from transformer_jax.model.transformer import Transformer, shift_right
 
@@ -112,8 +113,14 @@ def make_stepper(params: Any, model_config: ModelConfig, inputs: Array, max_len:
     """Encodes ``inputs`` int32[batch, src_len] once and returns a stepper over batch * beams rows.
 
     Row ``b * beams + k`` is beam k of example b. The cache starts with ``cache_len`` (default
-    ``max_len``) positions; ``grow_cache`` lengthens it, and the step follows its shape.
+    ``max_len``) positions; ``grow_cache`` lengthens it, and the step follows its shape. ``params`` may
+    be an ``ensemble.Ensemble``: then each member has its own encoding and cache, and the step returns
+    the log of the mean of their distributions.
     """
+    if isinstance(params, Ensemble):
+        return _ensemble_stepper([
+            make_stepper(member, model_config, inputs, max_len, use_cache, beams, cache_len)
+            for member in params.members])
     encoded = encode(params, model_config, inputs)  # [B, S, D]
     if not use_cache:
         encoded, inputs = (jnp.repeat(x, beams, axis=0) for x in (encoded, inputs))  # [B*K, ...]
@@ -138,3 +145,23 @@ def make_stepper(params: Any, model_config: ModelConfig, inputs: Array, max_len:
         return state[0].select(examples), jnp.take(state[1], examples, axis=0)
 
     return Stepper((cache, inputs), step, reorder, select)
+
+
+def _ensemble_stepper(members: list[Stepper]) -> Stepper:
+    """One stepper over the members' (one state each): the next-token log-probabilities are the log of
+    the mean of the members' distributions (``model.ensemble``); beam reorders and compaction apply to
+    every member's state alike."""
+
+    def step(state, seqs, t):
+        outs = [m.step(s, seqs, t) for m, s in zip(members, state, strict=True)]
+        return mean_log_probs([logits for logits, _ in outs]), tuple(s for _, s in outs)
+
+    def reorder(state, rows):
+        return tuple(m.reorder(s, rows) for m, s in zip(members, state, strict=True))
+
+    select = None
+    if all(m.select is not None for m in members):
+        def select(state, examples):
+            return tuple(m.select(s, examples) for m, s in zip(members, state, strict=True))
+
+    return Stepper(tuple(m.state for m in members), step, reorder, select)

@@ -34,6 +34,7 @@ import numpy as np
 from transformer_jax.data import eval_batches
 from transformer_jax.data.sources import normalize_whitespace
 from transformer_jax.evaluation import decode, paper
+from transformer_jax.model import ensemble
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import EOS_ID, PAD_ID
 from transformer_jax.runtime.errors import ConfigError, DataError, MissingFileError
@@ -106,8 +107,8 @@ def decode_ids(params: Any, model_config: ModelConfig, ids: Sequence[np.ndarray]
     """Searches every sentence; returns the outputs in the input order.
 
     Args:
-      params: the model parameters.
-      model_config: the model (decoded deterministically).
+      params: the model parameters, or an ``ensemble.Ensemble`` decoded together.
+      model_config: the model (decoded deterministically; every member's).
       ids: int32[len_i] source ids, EOS included; each ``len_i + max_extra_len <= model max_len``.
       settings: the search.
       tokens_per_batch: the batch budget of :func:`batch_rows`; None: the model's
@@ -123,8 +124,8 @@ def decode_ids(params: Any, model_config: ModelConfig, ids: Sequence[np.ndarray]
     if any(len(s) + extra > model_config.max_len for s in ids):
         raise ValueError(f"a source longer than model max_len={model_config.max_len} - max_extra_len="
                          f"{extra} tokens; check lengths first (translate_texts does)")
-    if tokens_per_batch is None:
-        tokens_per_batch = default_tokens_per_batch(model_config)
+    if tokens_per_batch is None:  # an ensemble holds one cache per member in the same budget
+        tokens_per_batch = max(1, default_tokens_per_batch(model_config) // ensemble.size(params))
     outputs: list[np.ndarray | None] = [None] * len(ids)
 
     def collect(batch: eval_batches.PlannedBatch, tokens) -> None:

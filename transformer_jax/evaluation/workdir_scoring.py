@@ -18,7 +18,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,7 @@ from transformer_jax.data.treebank import is_parsing
 from transformer_jax.evaluation import ctranslate2_engine, evaluate_args, scoring, tasks, translation
 from transformer_jax.evaluation.translation import Settings
 from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.ensemble import Ensemble
 from transformer_jax.runtime.errors import ConfigError, MissingFileError
 from transformer_jax.runtime.output_file import OutputFile, refuse_the_input, write_stdout
 
@@ -59,7 +60,7 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
                      alpha: float | None = None,
                      max_extra_len: int | None = None, output_dir: str | None = None,
                      overwrite: bool = False, engine: str = "jax", threads: int | None = None,
-                     quantization: str | None = None) -> dict[str, Any]:
+                     quantization: str | None = None, ensemble: Sequence[str] = ()) -> dict[str, Any]:
     """Restores a training workdir and scores it: PPL, sacreBLEU, tokenized BLEU, paper table.
 
     The run's task (``tasks.task_for``) scores the outputs: a translation run through
@@ -88,13 +89,19 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
         temporary CTranslate2 model of weight type ``quantization`` (None: the export's default) and
         decoded with it on ``threads`` CPU threads; perplexity stays JAX's. Outputs are named
         ``...-ctranslate2``.
+      ensemble: more workdirs whose models decode together with ``workdir``'s (``model.ensemble``: the
+        mean of their distributions), each at its latest good checkpoint with the same averaging; they
+        must have the same model shape and tokenizer. Perplexity is the ensemble's; outputs are named
+        ``...-ens<M>``.
     """
     out_dir = output_dir or evaluate_args.default_output_dir(workdir)
     _check_engine(engine, threads, quantization)
     evaluate_args.check_arguments(
         workdir, step=step, average_last=average_last, split=split, source_file=source_file,
         reference_file=reference_file, beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len,
-        output_dir=out_dir)
+        output_dir=out_dir, ensemble=ensemble)
+    if ensemble and engine != "jax":
+        raise ConfigError(f"--ensemble decodes with --engine=jax; got --engine={engine}")
     from_config = average_last is None
     restored, settings, average_last = _restore(workdir, step, average_last, beam_size, alpha, max_extra_len)
     run, tokenizer, model_config = restored.run, restored.tokenizer, restored.model_config
@@ -104,14 +111,19 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
     if engine not in task.engines:
         raise ConfigError(f"--engine={engine}: a {task.name} run decodes with {' or '.join(task.engines)}; "
                           "leave --engine out")
+    # The other models are checked against the first before any output is claimed.
+    members = [_ensemble_member(restored, d, average_last, from_config) for d in ensemble]
     stem = evaluate_args.output_stem(out_dir, split=split, step=restored.step, source_file=source_file,
-                                     average_last=average_last, engine=engine)
+                                     average_last=average_last, engine=engine,
+                                     ensemble_size=1 + len(ensemble))
     with contextlib.ExitStack() as stack:
         # Claimed before anything is decoded: a second evaluate.py of the same outputs is refused now.
         txt_path, json_path = stack.enter_context(evaluate_args.claimed_outputs(stem, overwrite=overwrite))
         split, batches = _split_batches(run.data, tokenizer, split, source_file, reference_file,
                                         model_config.max_len, max_source_length)
         params, averaged_steps = averaged_params(restored, average_last, from_config=from_config)
+        if members:
+            params = Ensemble((params, *(p for p, _ in members)))
         ppl = scoring.perplexity(params, model_config, batches)
         decode_fn, engine_info = None, {}
         if engine == "ctranslate2":
@@ -128,9 +140,29 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
             averaged_steps=averaged_steps, source_file=source_file, reference_file=reference_file,
             beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len,
             decode_fn=decode_fn, engine=engine, engine_info=engine_info)
+        if members:
+            steps = [averaged_steps] + [member_steps for _, member_steps in members]
+            results["ensemble"] = [{"workdir": d, "averaged_steps": s}
+                                   for d, s in zip((workdir, *ensemble), steps, strict=True)]
         _write(txt_path, "".join(line + "\n" for line in lines))
         _write(json_path, json.dumps(results, indent=1))
     return {**results, "table": table, "outputs": (txt_path, json_path)}
+
+
+def _ensemble_member(first: Restored, workdir: str, average_last: int, from_config: bool
+                     ) -> tuple[Any, list[int]]:
+    """(params, averaged steps) of ``workdir``'s latest good checkpoint, averaged as ``first``'s;
+    ConfigError unless its model shape and tokenizer are ``first``'s (the ids must mean the same)."""
+    restored = restore_workdir(workdir, None)
+    if restored.model_config != first.model_config:
+        mine, theirs = dataclasses.asdict(first.model_config), dataclasses.asdict(restored.model_config)
+        differ = ", ".join(f"{k}={theirs[k]!r} (first: {mine[k]!r})" for k in mine if mine[k] != theirs[k])
+        raise ConfigError(f"--ensemble={workdir}: its model differs from --workdir's: {differ}; an "
+                          "ensemble needs models of one shape")
+    if restored.tokenizer.sha256 != first.tokenizer.sha256:
+        raise ConfigError(f"--ensemble={workdir}: its tokenizer differs from --workdir's, so the same id "
+                          "means another piece; ensemble runs trained on the same data and vocabulary")
+    return averaged_params(restored, average_last, from_config=from_config)
 
 
 def _write(path: str, text: str) -> None:

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer_jax.model import ensemble
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import PAD_ID
 from transformer_jax.model.transformer import Transformer
@@ -102,10 +103,10 @@ def eval_step(params, batch: dict, *, model: Transformer, label_smoothing: float
     """Metric sums of a deterministic forward pass (dropout off). Pure.
 
     Args:
-      params: the model parameters.
+      params: the model parameters, or an ``ensemble.Ensemble`` (scored by its mean distribution).
       batch: {"inputs": int32[batch, src_len], "targets": int32[batch, tgt_len]}.
     """
-    logits = model.apply({"params": params}, batch["inputs"], batch["targets"])
+    logits = ensemble.apply(params, lambda p: model.apply({"params": p}, batch["inputs"], batch["targets"]))
     return cross_entropy_sums(logits, batch["targets"], label_smoothing)
 
 
