@@ -259,7 +259,7 @@ def test_an_ensemble_decodes_the_workdirs_models_together(workdir, tmp_path):
     mixed = workdir_scoring.evaluate_workdir(path, ensemble=(other,), overwrite=True, **settings)
     assert mixed["ppl"] != pytest.approx(single["ppl"], rel=1e-3)  # the untrained member counts
 
-    with pytest.raises(ConfigError, match="each model once"):
+    with pytest.raises(ConfigError, match="name each model once"):
         workdir_scoring.evaluate_workdir(path, ensemble=(same, same), **settings)
     with pytest.raises(MissingFileError, match=r"--ensemble=.*nowhere: no such directory"):
         workdir_scoring.evaluate_workdir(path, ensemble=(str(tmp_path / "nowhere"),), **settings)

@@ -9,6 +9,7 @@ from configs import table3
 from transformer_jax.data.config import DataConfig
 from transformer_jax.evaluation import bleu, paper, paper_tables
 from transformer_jax.run_config import EvalConfig, RunConfig, run_config_from_saved
+from transformer_jax.training import loop
 
 RESULTS = {"tokenized_bleu": 26.91, "sacrebleu": 25.87, "ppl": 4.97, "step": 100_000, "num_sentences": 3003}
 
@@ -184,3 +185,17 @@ def test_final_summary_puts_each_score_beside_its_yardstick():
                                         "test_sacrebleu_lexicon_baseline": 11.2},
                                        DataConfig(source="synthetic"), eval_config)
     assert "copy baseline 0.1" in table and "lexicon baseline 11.2" in table and "41.0" not in table
+
+
+def test_a_final_report_on_dev_keeps_the_greedy_dev_f1_apart():
+    eval_config = EvalConfig(eval_every_steps=0, eval_bleu_examples=0, dev_bleu_protocol="sacrebleu",
+                             final_eval_split="dev", final_beam_size=4, final_alpha=2.0,
+                             final_max_extra_len=300, final_average_last=1)
+    final = {"step": 16000, "dev_f1": 78.62, "dev_f1_greedy": 76.5, "dev_right_branching_f1": 8.9}
+    table = paper_tables.final_summary(final, DataConfig(source="ptb"), eval_config)
+    rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in table.splitlines()
+            if line.startswith("| ") and "measure" not in line}
+    assert rows["bracket F1 (EVALB, COLLINS.prm)"] == "78.62" and rows["dev F1 (greedy)"] == "76.50"
+    merged = loop.merge_final_report({"step": 5, "dev_f1": 76.5, "dev_ppl": 1.4}, {"dev_f1": 78.62})
+    assert merged == {"step": 5, "dev_f1": 78.62, "dev_f1_greedy": 76.5, "dev_ppl": 1.4}
+    assert loop.merge_final_report({"dev_f1": 76.5}, {"test_f1": 75.0}) == {"dev_f1": 76.5, "test_f1": 75.0}

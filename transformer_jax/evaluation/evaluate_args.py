@@ -81,8 +81,8 @@ def check_arguments(workdir: str, *, step: int | None, average_last: int, split:
                                    "workdir, and has it saved a checkpoint yet?")
     if any(os.path.realpath(d) == os.path.realpath(workdir) for d in ensemble) or \
             len({os.path.realpath(d) for d in ensemble}) < len(ensemble):
-        raise ConfigError(f"--ensemble={','.join(ensemble)}: each model once; --workdir={workdir} is "
-                          "already the first")
+        raise ConfigError(f"--ensemble={','.join(ensemble)}: name each model once, and not --workdir="
+                          f"{workdir} (it is the first)")
     for flag, path in (("source_file", source_file), ("reference_file", reference_file)):
         if path and not os.path.isfile(path):
             raise MissingFileError(f"--{flag}={path}: no such file")

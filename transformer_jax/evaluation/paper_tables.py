@@ -260,7 +260,7 @@ def final_summary(final: Mapping[str, Any], data: Any, eval_config: Any) -> str:
         lines.append(f"| {label} | {value:.2f} | {'; '.join(beside) or _NONE} |")
     dev_rows = (("dev_ppl", "dev perplexity"),
                 ("dev_bleu", f"dev BLEU ({eval_config.dev_bleu_protocol}, greedy)"),
-                ("dev_f1", "dev F1 (greedy)"))
+                ("dev_f1_greedy" if "dev_f1_greedy" in final else "dev_f1", "dev F1 (greedy)"))
     for key, label in dev_rows:
         if isinstance(final.get(key), (int, float)):
             lines.append(f"| {label} | {final[key]:.2f} | {_NONE} |")

@@ -357,9 +357,16 @@ def _final_evaluation(trainer: Trainer, state: TrainState, step: int, started: f
     split = run.eval.final_eval_split
     if split and jax.process_count() == 1:
         final[f"{split}_ppl"] = scoring.perplexity(params, run.model, trainer.final_batches)["ppl"]
-        final.update(trainer.task.final_report(params, run.model, trainer.tokenizer, run.data, run.eval,
-                                               trainer.final_batches, split=split, run_name=run.name))
+        report = trainer.task.final_report(params, run.model, trainer.tokenizer, run.data, run.eval,
+                                           trainer.final_batches, split=split, run_name=run.name)
+        final = merge_final_report(final, report)
     return final
+
+
+def merge_final_report(final: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+    """``final`` updated with the final report's numbers. On the dev split the report (the final search)
+    and the dev scores of the last evaluation (greedy) share names: those are kept as ``<name>_greedy``."""
+    return {**final, **{f"{key}_greedy": final[key] for key in report if key in final}, **report}
 
 
 def _say(is_main: bool, message: str) -> None:
