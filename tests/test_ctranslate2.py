@@ -25,7 +25,7 @@ import pytest
 from tiny import TRAIN, config_with, random_params, untrained_workdir
 
 from transformer_jax.data import tokenizer as tokenizer_lib
-from transformer_jax.evaluation import ctranslate2_engine, translation, workdir_scoring
+from transformer_jax.evaluation import ctranslate2_engine, ctranslate2_spec, translation, workdir_scoring
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import EOS_ID, PAD_ID
@@ -37,7 +37,7 @@ try:
 except ImportError:
     if os.environ.get("CI"):
         raise  # CI installs the test extra, which includes ctranslate2
-    pytest.skip(f"CTranslate2 tests skipped: ctranslate2 is not installed; {ctranslate2_engine.INSTALL_HINT}",
+    pytest.skip(f"CTranslate2 tests skipped: ctranslate2 is not installed; {ctranslate2_spec.INSTALL_HINT}",
                 allow_module_level=True)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -178,13 +178,13 @@ def test_a_transposed_kernel_fails_the_witness(pieces, tmp_path, monkeypatch):
     """The same comparison on an export whose encoder-decoder query kernel of one layer is transposed
     (square: [d_model, h * d_k] with h * d_k = d_model) must find different outputs and scores."""
     cfg = _model_config(len(pieces))
-    set_cross_attention = ctranslate2_engine._set_cross_attention
+    set_cross_attention = ctranslate2_spec._set_cross_attention
 
     def transposed_query(spec, attention, norm):
         set_cross_attention(spec, attention, norm)
         spec.linear[0].weight = np.ascontiguousarray(spec.linear[0].weight.T)
 
-    monkeypatch.setattr(ctranslate2_engine, "_set_cross_attention", transposed_query)
+    monkeypatch.setattr(ctranslate2_spec, "_set_cross_attention", transposed_query)
     differing, largest, _ = _witness(_train(cfg), cfg, pieces, str(tmp_path / "model"))
     assert differing > 0
     assert largest > 100 * SCORE_TOLERANCE
@@ -206,7 +206,7 @@ def test_a_model_field_the_export_does_not_know_is_refused(pieces):
         rotary_positions: bool = True
 
     with pytest.raises(ConfigError, match="does not know the model field rotary_positions=True"):
-        ctranslate2_engine.check_exportable(NewModelConfig(vocab_size=len(pieces), d_model=32, num_heads=4))
+        ctranslate2_spec.check_exportable(NewModelConfig(vocab_size=len(pieces), d_model=32, num_heads=4))
 
 
 def test_bfloat16_export_halves_the_weights_without_torch(pieces, tmp_path):
