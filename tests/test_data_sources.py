@@ -126,6 +126,69 @@ def test_config_validation_names_field_expected_and_actual():
     assert DataConfig.from_mapping({"length_buckets": [8, 16], "max_len": 16}).length_buckets == (8, 16)
 
 
+# ----------------------------------------------------------------------------- synthetic lengths
+
+
+def _synthetic(**overrides):
+    sizes = dict(synthetic_train_size=300, synthetic_dev_size=50, synthetic_test_size=70)
+    return get_source(default_data_config(**{**sizes, **overrides}))
+
+
+def _words(text: str) -> int:
+    return len(text.replace(",", " ").split())
+
+
+def test_synthetic_default_lengths_give_the_same_pairs_as_before():
+    """The pairs of the default settings, hashed before the sentence length became a setting."""
+    import hashlib
+    import json
+
+    source = _synthetic(synthetic_min_words=3, synthetic_max_words=40, synthetic_test_min_words=0)
+    pairs = [source.pairs(split) for split in ("test", "dev", "train")]
+    assert hashlib.sha256(json.dumps(pairs).encode()).hexdigest() == (
+        "68a2b9585121d38a1f9162e85c3cb0eb867ccce7dc7ee0a85351bf864aabfb57")
+    assert pairs == [_synthetic().pairs(split) for split in ("test", "dev", "train")]
+
+
+def test_synthetic_sentence_length_is_a_setting():
+    source = _synthetic(synthetic_min_words=5, synthetic_max_words=9)
+    for split in ("test", "dev", "train"):
+        assert {_words(s) for s, _ in source.pairs(split)} <= set(range(5, 10))
+    assert {_words(s) for s, _ in source.pairs("train")} == set(range(5, 10))
+
+
+def test_a_long_test_split_is_disjoint_from_dev_and_train():
+    source = _synthetic(synthetic_test_min_words=30)
+    splits = {split: source.pairs(split) for split in ("test", "dev", "train")}
+    assert [len(splits[s]) for s in ("test", "dev", "train")] == [70, 50, 300]
+    assert min(_words(s) for s, _ in splits["test"]) >= 30
+    assert min(_words(s) for s, _ in splits["train"]) < 10  # the other splits keep every length
+    sources = [s for pairs in splits.values() for s, _ in pairs]
+    assert len(set(sources)) == len(sources)
+    default = _synthetic()  # the same stream: dev and train are what the default layout's are, less test
+    stream = [p for split in ("test", "dev", "train") for p in default.pairs(split)]
+    assert splits["dev"] == [p for p in stream if p not in splits["test"]][:50]
+
+
+def test_synthetic_lengths_are_checked_and_an_exhausted_grammar_stops(monkeypatch):
+    for fields, message in (
+            (dict(synthetic_min_words=1), r"synthetic_min_words must be >= 2 .* got 1"),
+            (dict(synthetic_min_words=9, synthetic_max_words=8), r"synthetic_max_words=8 must be >= "),
+            (dict(synthetic_test_min_words=41), r"synthetic_test_min_words=41 must be 0 .* \[3, 40\]"),
+            (dict(synthetic_max_words=40.5), r"synthetic_max_words must be an int, got 40\.5")):
+        with pytest.raises(ValueError, match=message):
+            _synthetic(**fields)
+    from transformer_jax.data import synthetic
+    from transformer_jax.runtime.errors import DataError
+
+    monkeypatch.setattr(synthetic, "MAX_FAILED_DRAWS", 2000)  # the grammar's 2-word sentences run out
+    with pytest.raises(DataError, match=r"unique sentences of 2 to 2 words in .* fewer than the 420 needed"):
+        _synthetic(synthetic_min_words=2, synthetic_max_words=2, synthetic_seed=11).pairs("train")
+    monkeypatch.setattr(synthetic, "MAX_DRAWS", 3000)  # 70 sentences of 40 words take ~5000 draws
+    with pytest.raises(DataError, match=r"synthetic_test_min_words=40: only \d+ of the 70 test sentences"):
+        _synthetic(synthetic_test_min_words=40, synthetic_seed=12).pairs("test")
+
+
 # ----------------------------------------------------------------------------- real data
 
 

@@ -33,6 +33,14 @@ Fields (all read by attribute access):
                             whose targets are ~3x their sources)
     synthetic_train_size, synthetic_dev_size, synthetic_test_size, synthetic_seed
                             synthetic, synthetic_trees: split sizes and generator seed
+    synthetic_min_words, synthetic_max_words
+                            synthetic: the source sentences' length in words (commas not counted),
+                            default 3 to 40
+    synthetic_test_min_words
+                            synthetic: > synthetic_min_words makes the test split the stream's first
+                            sentences of at least this many words (dev and train take the others):
+                            a test set longer than the training pairs data.max_len keeps; 0: the same
+                            lengths as the other splits
     ptb_train_files, ptb_dev_files, ptb_test_files
                             ptb: file-number ranges, WSJ sections ('02-21', '22', '23') or
                             4-digit file numbers ('0001-0159'); comma-separated parts combine
@@ -137,6 +145,9 @@ class DataConfig:
     synthetic_dev_size: int = 500
     synthetic_test_size: int = 500
     synthetic_seed: int = 0
+    synthetic_min_words: int = 3
+    synthetic_max_words: int = 40
+    synthetic_test_min_words: int = 0  # 0: the test split has the other splits' lengths
     ptb_train_files: str = "02-21"  # the standard WSJ split (section numbers)
     ptb_dev_files: str = "22"
     ptb_test_files: str = "23"
@@ -252,6 +263,8 @@ def validate_data_config(cfg: Any) -> None:
             _positive_int(cfg, name)
         if not isinstance(cfg.synthetic_seed, int):
             raise ConfigError(f"data_config.synthetic_seed must be an int, got {cfg.synthetic_seed!r}")
+        if source == "synthetic":
+            _validate_synthetic_words(cfg)
     else:
         for name in _SOURCE_FIELDS[source]:
             value = getattr(cfg, name)
@@ -261,6 +274,28 @@ def validate_data_config(cfg: Any) -> None:
             raise ConfigError(
                 f"data_config.src_lang and tgt_lang must differ, both are {cfg.src_lang!r}"
             )
+
+
+def _validate_synthetic_words(cfg: Any) -> None:
+    """min_words >= 2 (a subject and a verb), max_words >= min_words, test_min_words 0 or in
+    [min_words, max_words]."""
+    low = getattr(cfg, "synthetic_min_words", 3)
+    high = getattr(cfg, "synthetic_max_words", 40)
+    test_low = getattr(cfg, "synthetic_test_min_words", 0)
+    for name, value in (("synthetic_min_words", low), ("synthetic_max_words", high),
+                        ("synthetic_test_min_words", test_low)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"data_config.{name} must be an int, got {value!r}")
+    if low < 2:
+        raise ConfigError(f"data_config.synthetic_min_words must be >= 2 (the shortest sentence is a subject "
+                          f"and a verb), got {low}")
+    if high < low:
+        raise ConfigError(f"data_config.synthetic_max_words={high} must be >= synthetic_min_words={low}")
+    if test_low != 0 and not low <= test_low <= high:
+        raise ConfigError(
+            f"data_config.synthetic_test_min_words={test_low} must be 0 (the test split as the others) or "
+            f"in [synthetic_min_words, synthetic_max_words] = [{low}, {high}]; raise synthetic_max_words "
+            "to draw longer test sentences")
 
 
 def _validate_ptb(cfg: Any) -> None:

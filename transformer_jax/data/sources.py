@@ -399,6 +399,9 @@ def get_source(data_config: Any) -> Source:
             dev_size=data_config.synthetic_dev_size,
             test_size=data_config.synthetic_test_size,
             seed=data_config.synthetic_seed,
+            min_words=getattr(data_config, "synthetic_min_words", 3),
+            max_words=getattr(data_config, "synthetic_max_words", 40),
+            test_min_words=getattr(data_config, "synthetic_test_min_words", 0),
         )
     if data_config.source == "text":
         return TextSource(

@@ -11,12 +11,15 @@ needs, while staying regular enough for a tiny Transformer to learn on a CPU in 
   determiners and adjectives agree with the noun in gender, number and case (subject vs
   object); verbs inflect for tense and the subject's person and number ('see' -> 3 forms);
   negation 'do/does/did not V' becomes one particle plus the inflected verb.
-- Form: 3 to 40 words, capitalised, '.' or '!' at the end; the target puts a comma before
-  'but' and before subordinate clauses, so detokenisation matters a little.
+- Form: 3 to 40 words by default (data.synthetic_min_words, synthetic_max_words), capitalised,
+  '.' or '!' at the end; the target puts a comma before 'but' and before subordinate clauses, so
+  detokenisation matters a little.
 
 Splits are one stream of unique source sentences: the first `test_size` are test, the next
 `dev_size` dev, the rest train, so splits never share a source sentence and the test set does
-not change with the train size.
+not change with the train size. data.synthetic_test_min_words > 0 makes the test split the first
+sentences of at least that many words instead (dev and train take the others in order): a test set
+longer than the training pairs that data.max_len keeps.
 
 Baselines (`copy_baseline`, `lexicon_baseline`): copying the source, and word-by-word lexicon substitution
 (each word's base translation, no reordering, no agreement): what a model must beat to show it learned
@@ -55,6 +58,7 @@ from transformer_jax.data.synthetic_lexicon import (
     Lexicon,
     build_lexicon,
 )
+from transformer_jax.runtime.errors import DataError
 
 # ----------------------------------------------------------------------------- the grammar
 
@@ -200,21 +204,38 @@ def _render(tokens: list[str], end: str) -> str:
     return text[0].upper() + text[1:]
 
 
-MIN_WORDS, MAX_WORDS = 3, 40
+MIN_WORDS, MAX_WORDS = 3, 40  # the default sentence lengths (data.synthetic_min_words, _max_words)
+# A stream stops with DataError instead of drawing for ever: after this many draws in a row give no new
+# sentence (a narrow word range exhausts the grammar), or this many in all (a test length seldom drawn).
+# One draw takes about 60 microseconds.
+MAX_FAILED_DRAWS, MAX_DRAWS = 100_000, 1_000_000
 
 
 class _Stream:
-    """The seed's stream of unique sentence pairs, extended on demand."""
+    """The seed's stream of unique sentence pairs of ``min_words`` to ``max_words`` source words (commas
+    not counted), extended on demand."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, min_words: int = MIN_WORDS, max_words: int = MAX_WORDS):
         self.gen = _Generator(build_lexicon(seed), random.Random(f"sentences-{seed}"))
+        self.min_words, self.max_words = min_words, max_words
         self.pairs: list[tuple[str, str]] = []
+        self.words: list[int] = []  # each pair's source words
         self._seen: set[str] = set()
+        self.draws = 0
 
-    def extend_to(self, n: int) -> None:
+    def extend_to(self, n: int, what: str = "") -> None:
+        failed = 0
         while len(self.pairs) < n:
+            if failed >= MAX_FAILED_DRAWS or self.draws >= MAX_DRAWS:
+                raise DataError(
+                    f"the synthetic grammar gave {len(self.pairs)} unique sentences of {self.min_words} to "
+                    f"{self.max_words} words in {self.draws:,} draws{what}, fewer than the {n} needed; widen "
+                    "data.synthetic_min_words..synthetic_max_words or lower the split sizes")
+            self.draws += 1
+            failed += 1
             src, tgt = self.gen.sentence()
-            if not MIN_WORDS <= len([w for w in src if w != ","]) <= MAX_WORDS:
+            words = len([w for w in src if w != ","])
+            if not self.min_words <= words <= self.max_words:
                 continue
             end = "!" if self.gen.rng.random() < 0.1 else "."
             src_text = _render(src, end)
@@ -222,31 +243,67 @@ class _Stream:
                 continue
             self._seen.add(src_text)
             self.pairs.append((src_text, _render(tgt, end)))
+            self.words.append(words)
+            failed = 0
 
 
 @functools.lru_cache(maxsize=4)
-def _stream(seed: int) -> _Stream:
-    return _Stream(seed)
+def _stream(seed: int, min_words: int = MIN_WORDS, max_words: int = MAX_WORDS) -> _Stream:
+    return _Stream(seed, min_words, max_words)
 
 
 class SyntheticSource:
-    """The synthetic task as a `Source`: test, then dev, then train from one unique stream."""
+    """The synthetic task as a `Source`: test, then dev, then train from one unique stream.
 
-    def __init__(self, *, train_size: int, dev_size: int, test_size: int, seed: int):
+    Sentences have ``min_words`` to ``max_words`` source words. With ``test_min_words`` above
+    ``min_words`` the test split takes the stream's first ``test_size`` sentences of at least that many
+    words, and dev and train the other sentences in stream order (dev first): a test set longer than
+    anything trained on (``data.max_len`` drops the long train pairs). The default (0) is the plain
+    layout: test, dev and train are consecutive runs of the stream.
+    """
+
+    def __init__(self, *, train_size: int, dev_size: int, test_size: int, seed: int,
+                 min_words: int = MIN_WORDS, max_words: int = MAX_WORDS, test_min_words: int = 0):
         self.sizes = {"test": test_size, "dev": dev_size, "train": train_size}
         self.seed = seed
+        self.min_words, self.max_words, self.test_min_words = min_words, max_words, test_min_words
 
     def pairs(self, split: str) -> list[tuple[str, str]]:
         if split not in self.sizes:
             raise ValueError(f"split must be one of ('train', 'dev', 'test'), got {split!r}")
+        stream = _stream(self.seed, self.min_words, self.max_words)
+        if self.test_min_words > self.min_words:
+            return [stream.pairs[i] for i in self._long_test_layout(stream)[split]]
         start = 0
         for name in ("test", "dev", "train"):
             if name == split:
                 break
             start += self.sizes[name]
-        stream = _stream(self.seed)
         stream.extend_to(start + self.sizes[split])
         return stream.pairs[start : start + self.sizes[split]]
+
+    def _long_test_layout(self, stream: _Stream) -> dict[str, list[int]]:
+        """{split: stream indices}: test the first ``test_size`` of at least ``test_min_words`` words,
+        then dev and train from the rest, in stream order."""
+        sizes, n = self.sizes, sum(self.sizes.values())
+        while True:
+            long = [i for i, w in enumerate(stream.words) if w >= self.test_min_words][:sizes["test"]]
+            taken = set(long)
+            rest = [i for i in range(len(stream.pairs)) if i not in taken][:sizes["dev"] + sizes["train"]]
+            if len(long) == sizes["test"] and len(rest) == sizes["dev"] + sizes["train"]:
+                return {"test": long, "dev": rest[:sizes["dev"]], "train": rest[sizes["dev"]:]}
+            try:
+                stream.extend_to(max(n, 2 * len(stream.pairs)),
+                                 f" ({len(long)} of at least {self.test_min_words} words for the test split)")
+            except DataError:
+                if len(stream.pairs) >= n and len(long) < sizes["test"]:  # the long ones are what is missing
+                    raise DataError(
+                        f"data.synthetic_test_min_words={self.test_min_words}: only {len(long)} of the "
+                        f"{sizes['test']} test sentences found in {stream.draws:,} draws (sentences that "
+                        "long are rare); lower it, raise data.synthetic_max_words, or lower "
+                        "synthetic_test_size"
+                    ) from None
+                raise
 
 
 # ----------------------------------------------------------------------------- word alignment
