@@ -75,6 +75,39 @@ def test_bfloat16_halves_the_arrays_off_the_cpu_only():
     assert on_cpu.activations - on_gpu.activations == 2 * 4 * (816 + 888)  # the maps stay float32
 
 
+# Fused attention with cuDNN's head size (d_k = 8) and blocks of 2 keys, so that a call without maps
+# (cuDNN: a block's keys) and one with them (XLA: every key) count differently at these lengths.
+FUSED = TINY.replace(d_model=16, d_k=8, d_v=8, attention_impl="fused", dtype="bfloat16",
+                     attention_block_size=2)
+
+
+def _maps(cfg, src_len, tgt_len, platform):
+    return memory.activation_elements(cfg, src_len, tgt_len, platform)[0]
+
+
+@pytest.mark.parametrize("case, cfg, platform", [
+    ("a TPU", FUSED, "tpu"), ("a CPU", FUSED, "cpu"), ("float32", FUSED.replace(dtype="float32"), "gpu"),
+    ("head size 12", FUSED.replace(d_k=12, d_v=12), "gpu"), ("head size 136", FUSED.replace(d_k=136, d_v=136),
+                                                                "gpu")])
+def test_fused_attention_that_xla_runs_holds_every_map(case, cfg, platform):
+    dense = cfg.replace(attention_impl="dense")
+    assert _maps(cfg, 6, 8, platform) == _maps(dense, 6, 8, platform), case
+
+
+def test_fused_attention_that_cudnn_runs_holds_a_blocks_maps_except_masked_odd_lengths():
+    per_key = memory.MAP_COPIES * FUSED.num_heads  # 8 float32 per query position and key
+    # Even lengths: cuDNN everywhere, 2 keys per query position (6 encoder, 8 + 8 decoder positions).
+    assert _maps(FUSED, 6, 8, "gpu") == per_key * 2 * (6 + 8 + 8)
+    # An odd source: the encoder's self-attention (5 x 5) and the cross-attention (8 x 5) are masked, so
+    # XLA runs them, with every key; the decoder's causal self-attention has no mask and stays on cuDNN.
+    assert _maps(FUSED, 5, 8, "gpu") == per_key * (5 * 5 + 8 * 2 + 8 * 5)
+    # An odd target: the cross-attention (7 x 6, masked) on XLA; the encoder (6 x 6) and the causal
+    # self-attention (7 x 7, no mask) on cuDNN.
+    assert _maps(FUSED, 6, 7, "gpu") == per_key * (6 * 2 + 7 * 2 + 7 * 6)
+    assert memory.holds_maps(FUSED, 7, 7, False, "gpu") is False
+    assert memory.holds_maps(FUSED, 7, 7, True, "gpu") is True
+
+
 def _run(**overrides):
     return run_config.build_run_config(config_with({**TRAIN, **overrides}), environment=False)
 
@@ -107,6 +140,14 @@ def test_a_host_that_cannot_hold_the_step_stops_the_run_in_one_line(tmp_path, mo
     assert not workdir.exists()  # refused before the workdir, the tokenizer or the data
 
 
+def test_the_check_is_skipped_with_transformer_jax_memory_check_off(monkeypatch):
+    monkeypatch.setattr(memory, "available_host_memory", lambda: (2**20, "MemAvailable"))
+    with pytest.raises(errors.OutOfMemoryError, match="set TRANSFORMER_JAX_MEMORY_CHECK=off to skip"):
+        memory.check_host_memory(_run())
+    monkeypatch.setenv("TRANSFORMER_JAX_MEMORY_CHECK", "off")
+    assert memory.check_host_memory(_run()) == memory.largest_step_memory(_run())
+
+
 def test_a_host_that_holds_the_step_passes(monkeypatch):
     monkeypatch.setattr(memory, "available_host_memory", lambda: (2**40, "MemAvailable"))
     assert memory.check_host_memory(_run()) == memory.largest_step_memory(_run())
@@ -114,7 +155,7 @@ def test_a_host_that_holds_the_step_passes(monkeypatch):
 
 def test_the_available_memory_is_read_from_this_host():
     available, where = memory.available_host_memory()
-    assert 0 < available and where in ("MemAvailable", "the cgroup's memory limit")
+    assert 0 < available and (where == "MemAvailable" or where.startswith("the memory limit of cgroup /"))
 
 
 def test_an_out_of_memory_step_becomes_one_line(tmp_path, monkeypatch):

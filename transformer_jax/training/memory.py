@@ -8,10 +8,10 @@ over a run's length buckets. The count has five parts:
   [rows, tgt_len, vocab] per micro-batch (with ``train.loss_chunk_tokens``, of one chunk's positions);
 - activations: per position and layer, what the forward pass keeps for the backward pass and the
   backward pass's working set: for each attention 4 score-sized float32 maps h x kv_len (scores,
-  masked exponentials, weights, their gradient; none with blockwise attention, whose blocks are
-  counted instead), Q, K, V and the heads' output h (2 d_k + 2 d_v), and 4 d_model-sized arrays per
-  sub-layer (its input, output, residual sum and norm); the FFN's 3 d_ff; dropout's 2 d_model (mask
-  and output) per sub-layer when P_drop > 0;
+  masked exponentials, weights, their gradient; with blockwise attention, and with fused attention
+  where cuDNN runs it, one block's keys instead: ``holds_maps``), Q, K, V and the heads' output
+  h (2 d_k + 2 d_v), and 4 d_model-sized arrays per sub-layer (its input, output, residual sum and
+  norm); the FFN's 3 d_ff; dropout's 2 d_model (mask and output) per sub-layer when P_drop > 0;
 - parameters (float32), gradients (the gradients and the update: 2 copies; 3 with gradient
   accumulation, whose running sum is a third) and Adam's 2 moments.
 
@@ -22,7 +22,8 @@ XLA computes bfloat16 in float32, so ``platform="cpu"`` counts 4 bytes for eithe
 It counts every buffer the step may hold at once, so it errs high: an upper bound a user can plan with
 (measured against XLA's buffer assignment of the compiled CPU step in docs/benchmarks.md).
 
-``check_host_memory`` refuses, in one line, a CPU run whose step this host cannot hold;
+``check_host_memory`` refuses, in one line, a CPU run whose step this host cannot hold (the memory
+available is ``runtime.host_memory``'s; ``TRANSFORMER_JAX_MEMORY_CHECK=off`` skips the check);
 ``out_of_memory_error`` turns an accelerator's RESOURCE_EXHAUSTED into the same kind of line.
 """
 
@@ -33,8 +34,9 @@ import dataclasses
 import jax
 
 from transformer_jax.data.batching import bucket_batch_sizes
+from transformer_jax.model import fused_attention
 from transformer_jax.model.config import ModelConfig, param_count
-from transformer_jax.runtime import sharding
+from transformer_jax.runtime import host_memory, sharding
 from transformer_jax.runtime.errors import OutOfMemoryError
 
 GIB = 2**30
@@ -82,11 +84,21 @@ def gib(n: float) -> str:
     return f"{n / GIB:,.0f} GiB" if n >= 1000 * GIB else f"{n / GIB:.3g} GiB"
 
 
-def _attention(cfg: ModelConfig, kv_len: int, platform: str) -> tuple[int, int, int]:
+def holds_maps(cfg: ModelConfig, q_len: int, kv_len: int, masked: bool, platform: str) -> bool:
+    """Whether an attention call keeps its [q_len, kv_len] maps: dense attention, and fused attention
+    wherever XLA, not cuDNN, runs it (``fused_attention.kernel_for``: on a CPU or a TPU, in float32, a
+    head size that is not a multiple of 8 or over 128, a masked call with an odd length)."""
+    if cfg.attention_impl != "fused":
+        return cfg.attention_impl == "dense"
+    implementation = fused_attention.implementation_for(cfg.dtype, cfg.d_k, platform)
+    return fused_attention.kernel_for(implementation, q_len, kv_len, masked) == "xla"
+
+
+def _attention(cfg: ModelConfig, q_len: int, kv_len: int, masked: bool, platform: str
+               ) -> tuple[int, int, int]:
     """(float32 maps, compute-dtype arrays split over 'model', replicated ones) per query position."""
-    dense = cfg.attention_impl == "dense" or (cfg.attention_impl == "fused" and (
-        platform == "cpu" or cfg.dtype != "bfloat16"))  # else cuDNN's flash attention: no maps
-    keys = kv_len if dense else min(kv_len, cfg.attention_block_size)
+    keys = kv_len if holds_maps(cfg, q_len, kv_len, masked, platform) else min(
+        kv_len, cfg.attention_block_size)  # blockwise: one block's; cuDNN: a tile's, counted as a block
     maps = MAP_COPIES * cfg.num_heads * keys
     if cfg.attention_dropout_rate > 0:
         maps += DROPOUT_D_MODEL_COPIES * cfg.num_heads * keys
@@ -110,11 +122,11 @@ def activation_elements(cfg: ModelConfig, src_len: int, tgt_len: int, platform: 
 
     ffn = (0, FFN_D_FF_COPIES * cfg.d_ff, _sublayer(cfg))
     for _ in range(cfg.num_encoder_layers):
-        add(src_len, _attention(cfg, src_len, platform))
+        add(src_len, _attention(cfg, src_len, src_len, True, platform))  # the source's padding mask
         add(src_len, ffn)
     for _ in range(cfg.num_decoder_layers):
-        add(tgt_len, _attention(cfg, tgt_len, platform))  # masked self-attention, computed in full
-        add(tgt_len, _attention(cfg, src_len, platform))
+        add(tgt_len, _attention(cfg, tgt_len, tgt_len, False, platform))  # causal, without a mask array
+        add(tgt_len, _attention(cfg, tgt_len, src_len, True, platform))
         add(tgt_len, ffn)
     add(src_len + tgt_len, (0, 0, EMBED_D_MODEL_COPIES * cfg.d_model))
     return maps, split, replicated
@@ -174,58 +186,21 @@ def largest_step_memory(run, *, device_count: int | None = None, platform: str |
 
 
 # ----------------------------------------------------------------------------------------- the host check
-def _read_int(path: str) -> int | None:
-    try:
-        with open(path) as f:
-            text = f.read().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
-
-
-def _cgroup_room() -> int | None:
-    """The bytes this process's cgroup (v2, else v1) may still allocate, if it has a limit."""
-    try:
-        with open("/proc/self/cgroup") as f:
-            v2 = next((line.strip().split("::", 1)[1] for line in f if line.startswith("0::")), None)
-    except OSError:
-        v2 = None
-    folders = [f"/sys/fs/cgroup{v2}".rstrip("/"), "/sys/fs/cgroup"] if v2 is not None else []
-    for folder in folders:
-        limit, used = _read_int(f"{folder}/memory.max"), _read_int(f"{folder}/memory.current")
-        if limit is not None and used is not None:
-            return max(0, limit - used)
-    limit = _read_int("/sys/fs/cgroup/memory/memory.limit_in_bytes")
-    used = _read_int("/sys/fs/cgroup/memory/memory.usage_in_bytes")
-    if limit is not None and used is not None and limit < 2**60:  # v1 writes ~2^63 for "no limit"
-        return max(0, limit - used)
-    return None
-
-
 def available_host_memory() -> tuple[int, str] | None:
-    """(bytes, where from): /proc/meminfo's MemAvailable, or the cgroup's room when that is lower."""
-    found = []
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    found.append((int(line.split()[1]) * 1024, "MemAvailable"))
-    except (OSError, ValueError, IndexError):
-        pass
-    room = _cgroup_room()
-    if room is not None:
-        found.append((room, "the cgroup's memory limit"))
-    return min(found) if found else None
+    """(bytes, where from): MemAvailable, or the room under a cgroup limit on this process's cgroup path
+    where that is less (``host_memory.available_memory``)."""
+    return host_memory.available_memory()
 
 
 def check_host_memory(run) -> StepMemory:
     """On a CPU, raises ``OutOfMemoryError`` (one line) if this host cannot hold the largest train step.
 
     The need is ``largest_step_memory`` times this process's devices (CPU devices share the host's
-    memory). Returns the estimate, on any platform.
+    memory), against ``available_host_memory``. ``TRANSFORMER_JAX_MEMORY_CHECK=off`` skips the check
+    (the estimate errs high). Returns the estimate, on any platform.
     """
     estimate = largest_step_memory(run)
-    if jax.default_backend() != "cpu":
+    if jax.default_backend() != "cpu" or not host_memory.check_enabled():
         return estimate
     available = available_host_memory()
     need = estimate.total * jax.local_device_count()
@@ -234,7 +209,8 @@ def check_host_memory(run) -> StepMemory:
                    if jax.local_device_count() > 1 else "")
         raise OutOfMemoryError(
             f"the largest train step needs about {estimate.describe()}{devices}, but this host has "
-            f"{gib(available[0])} available ({available[1]}); {KNOBS}")
+            f"{gib(available[0])} available ({available[1]}); {KNOBS}; or, if it fits after all, "
+            f"set {host_memory.CHECK_VARIABLE}=off to skip this check")
     return estimate
 
 
