@@ -5,18 +5,23 @@ one entry; a truncated or altered file is found by its size or SHA-256 and the e
 warning; a root where nothing can be written falls back to the given folder and says so.
 """
 
+import fcntl
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 import time
 
+import numpy as np
 import pytest
 
 from transformer_jax.data import disk_cache
+from transformer_jax.runtime import disk
+from transformer_jax.runtime.errors import DiskFullError
 
 SPEC = {"format": 1, "data": "abc"}
 
@@ -189,3 +194,141 @@ def test_file_hashes_follow_the_content(tmp_path):
     assert json.dumps(disk_cache.spec_key(SPEC)) == json.dumps(
         disk_cache.spec_key(dict(reversed(SPEC.items())))
     )
+
+
+# ----------------------------------------------------------------------------- a damaged manifest
+
+
+def _manifest_with(entry, change) -> None:
+    path = entry / disk_cache.MANIFEST
+    manifest = json.loads(path.read_text())
+    change(manifest)
+    path.write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("damage, expected", [
+    (lambda m: m.update(dtype="uint36"), "does not match its own SHA-256"),
+    (lambda m: m.update(count="5"), "does not match its own SHA-256"),  # a wrong type
+    (lambda m: m.pop("dtype"), "does not match its own SHA-256"),  # a missing key
+    (lambda m: m.pop("files"), "lists no files"),
+    (lambda m: m["files"].update({"payload.bin": ["5", m["files"]["payload.bin"][1]]}), "malformed file"),
+    (lambda m: m["files"].update({"../x": [1, "0" * 64]}), "malformed file"),
+    (lambda m: m.update(spec={"format": 0}), "another entry's"),
+    (lambda m: m.clear(), "lists no files"),
+], ids=["uint36", "wrong_type", "missing_key", "no_files", "size_a_string", "a_path", "another_spec",
+        "empty"])
+def test_a_damaged_manifest_value_moves_the_entry_aside_and_rebuilds(tmp_path, caplog, damage, expected):
+    def build(folder):
+        (folder / "payload.bin").write_text("hello")
+        return {"dtype": "uint16", "count": 5}
+
+    entry, manifest = disk_cache.open_or_build(tmp_path, "kind", SPEC, build, fallback=None, what="the entry")
+    _manifest_with(entry, damage)
+    with caplog.at_level(logging.WARNING):
+        rebuilt, again = disk_cache.open_or_build(tmp_path, "kind", SPEC, build, fallback=None,
+                                                  what="the entry")
+    assert rebuilt == entry and again["dtype"] == "uint16" and again["count"] == 5
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert expected in warning and "building it again" in warning
+    assert len(list((tmp_path / "kind").glob(f"{entry.name}.damaged-*"))) == 1
+
+
+def test_a_manifest_written_before_it_had_its_own_sha256_is_still_read(tmp_path):
+    entry, _ = disk_cache.open_or_build(tmp_path, "kind", SPEC, _build("hello"), fallback=None, what="e")
+    _manifest_with(entry, lambda m: m.pop(disk_cache.SELF_SHA256))
+    builds = []
+    assert disk_cache.open_or_build(tmp_path, "kind", SPEC, _build("x", builds), fallback=None,
+                                    what="e")[0] == entry and not builds
+
+
+# ----------------------------------------------------------------------------- faults while building
+
+
+@pytest.mark.parametrize("error", [OSError("457331 requested and 12288 written"),  # numpy: no errno
+                                   OSError(28, "No space left on device")])
+def test_a_full_disk_during_a_build_is_one_line_naming_the_caches_filesystem(tmp_path, error):
+    def build(folder):
+        (folder / "src.ids").write_bytes(b"\0" * 1000)
+        raise error
+
+    with pytest.raises(DiskFullError) as info:
+        disk_cache.open_or_build(tmp_path / "cache", "kind", SPEC, build, fallback=None, what="the entry")
+    message = str(info.value)
+    assert message.startswith(f"no space left building the entry in {tmp_path / 'cache' / 'kind'}: ")
+    assert f"filesystem mounted at {disk.mount_point(str(tmp_path))} " in message and "\n" not in message
+    assert "the partial build was removed" in message and "config.data.cache_dir" in message
+    left = sorted(p.name for p in (tmp_path / "cache" / "kind").iterdir())
+    assert left == [f"{disk_cache.spec_key(SPEC)}.lock"]  # no .tmp-<pid>, no .builder
+    other = OSError("a build that fails otherwise")
+    with pytest.raises(OSError, match="fails otherwise"):
+        disk_cache.open_or_build(tmp_path / "cache", "kind", SPEC, lambda f: (_ for _ in ()).throw(other),
+                                 fallback=None, what="the entry")
+    assert not list((tmp_path / "cache" / "kind").glob("*.tmp-*"))
+
+
+def test_a_real_full_tmpfs_during_a_build_names_it_and_frees_the_space(tmp_path):
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("mounting a small tmpfs needs root")
+    point = tmp_path / "small"
+    point.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(point)]).returncode:
+        pytest.skip("mount -t tmpfs is not allowed here")
+    try:
+        def build(folder):
+            with open(folder / "src.ids", "wb") as f:
+                np.zeros(457331, np.uint8).tofile(f)  # numpy's own short-write error
+            return {}
+
+        with pytest.raises(DiskFullError) as info:
+            disk_cache.open_or_build(point / "cache", "encoded", SPEC, build, fallback=None,
+                                     what="the encoded train split")
+        assert f"the tmpfs filesystem mounted at {point} (" in str(info.value)
+        assert not list((point / "cache" / "encoded").glob("*.tmp-*"))
+        assert disk.free_bytes(str(point)) > 200_000  # the half-written build no longer fills it
+    finally:
+        subprocess.run(["umount", str(point)])
+
+
+def test_a_file_where_an_entrys_folder_should_be_is_one_line_and_leaves_no_tmp(tmp_path):
+    folder = tmp_path / "kind"
+    folder.mkdir()
+    (folder / disk_cache.spec_key(SPEC)).write_text("not a folder")
+    with pytest.raises(disk_cache.CacheError, match="is a file where the folder of the entry should be"):
+        disk_cache.open_or_build(tmp_path, "kind", SPEC, _build("hello"), fallback=None, what="the entry")
+    assert sorted(p.name for p in folder.iterdir()) == [disk_cache.spec_key(SPEC)]
+
+
+def test_leftovers_are_removed_whatever_their_key_once_their_builder_is_gone(tmp_path):
+    encoded, tokenizers = tmp_path / "encoded", tmp_path / "tokenizers"
+    dead, held, no_lock_dead, no_lock_live = "a" * 20, "b" * 20, "c" * 20, "d" * 20
+    for folder, key, pid in ((encoded, dead, 4), (tokenizers, dead, 5), (encoded, held, 6),
+                             (encoded, no_lock_dead, _dead_pid()), (encoded, no_lock_live, os.getpid())):
+        (folder / f"{key}.tmp-{pid}").mkdir(parents=True)
+        (folder / f"{key}.tmp-{pid}" / "half.ids").write_bytes(b"\0" * 100)
+        if key in (dead, held):
+            (folder / f"{key}.lock").touch()
+    (encoded / "keep.tmp-7").mkdir()  # not a name the cache makes
+    holder = open(encoded / f"{held}.lock")  # another build of that entry is going on
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        disk_cache.open_or_build(tmp_path, "kind", SPEC, _build("hello"), fallback=None, what="the entry")
+    finally:
+        holder.close()
+    assert sorted(p.name for p in encoded.glob("*.tmp-*")) == [
+        f"{held}.tmp-6", f"{no_lock_live}.tmp-{os.getpid()}", "keep.tmp-7"]
+    assert not list(tokenizers.glob("*.tmp-*"))
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_the_cache_variable_and_xdg_expand_a_tilde(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv(disk_cache.CACHE_ENV, "~/x")
+    assert disk_cache.cache_root("") == tmp_path / "x"
+    monkeypatch.delenv(disk_cache.CACHE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", "~/xdg")
+    assert disk_cache.cache_root("") == tmp_path / "xdg" / "transformer_jax"

@@ -59,6 +59,7 @@ class TextCorpus:
     processes: int = 0  # worker processes of a build; 0: build in the calling process
     src_starts: np.ndarray | None = None
     tgt_starts: np.ndarray | None = None
+    hashes: Path | None = None  # where the files' SHA-256 are kept (``disk_cache.file_sha256``'s index)
     skips_blank = True
 
     def indexed(self) -> TextCorpus:
@@ -84,8 +85,8 @@ class TextCorpus:
         return f"{self.src_path} / {self.tgt_path}"
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"source": "text", "src_sha256": disk_cache.file_sha256(self.src_path),
-                "tgt_sha256": disk_cache.file_sha256(self.tgt_path)}
+        return {"source": "text", "src_sha256": disk_cache.file_sha256(self.src_path, index=self.hashes),
+                "tgt_sha256": disk_cache.file_sha256(self.tgt_path, index=self.hashes)}
 
     def _lines(self, path: Path, starts: np.ndarray, start: int, stop: int) -> list[str]:
         with open(path, "rb") as f:
@@ -163,5 +164,6 @@ def open_corpus(data_config: Any) -> TextCorpus | TfdsCorpus:
     if data_config.source == "text":
         src_path, tgt_path = get_source(data_config).paths("train")
         size = sum(path.stat().st_size for path in (src_path, tgt_path) if path.is_file())
-        return TextCorpus(src_path, tgt_path, 0 if size < SMALL_BYTES else worker_count())
+        return TextCorpus(src_path, tgt_path, 0 if size < SMALL_BYTES else worker_count(),
+                          hashes=disk_cache.cache_root(data_config.cache_dir) / disk_cache.HASHES)
     return TfdsCorpus.open(data_config)

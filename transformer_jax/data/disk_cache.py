@@ -6,42 +6,70 @@ and settings (``tokenizer.shared_tokenizer``) and each train split encoded to to
 
     <root>/<kind>/<key>/            a finished entry: its files and, last, manifest.json
     <root>/<kind>/<key>.lock        flock'ed by the one process that builds the entry
+    <root>/<kind>/<key>.builder     who holds the lock: host, pid and since when (JSON), for waiters
     <root>/<kind>/<key>.tmp-<pid>   an entry being built; renamed onto <key> when whole
+    <root>/hashes/<id>.json         a file's SHA-256 with the size, times and inode it had when hashed
 
 The root is ``data.cache_dir``, else ``$TRANSFORMER_JAX_CACHE``, else ``$XDG_CACHE_HOME/transformer_jax``
 (``~/.cache/transformer_jax``). ``key`` is a SHA-256 of the entry's ``spec``: every input that decides its
 content (the data files' own SHA-256, the tokenizer's, the settings that change the ids, and a format
 version), so a changed file or setting names another entry and a stale one is never read.
 
+A file's SHA-256 is kept in ``hashes/`` (as git's index does): a file whose path, size, modification and
+change times and inode are those it had when hashed is not read again, so a warm start reads neither the
+train files nor the entry's own files. Any write to a file changes its times (the change time cannot be
+set back), and the file is hashed again.
+
 Faults:
 - a build is written beside the entry and renamed into place, so a build killed at any point (kill -9)
-  leaves only a ``.tmp-<pid>`` folder, which the next builder removes;
-- builders take the lock, so two at once make one entry (the second waits, then reads it);
-- the manifest records every file's size and SHA-256, checked on each open: a damaged entry is moved
-  aside (``<key>.damaged-<time>``) and rebuilt, with one warning line;
+  leaves only a ``.tmp-<pid>`` folder, which the next build in the cache removes, whatever its entry,
+  once the lock of that entry is free (its builder is gone, on any host); a build that fails (a full
+  disk, a data error) removes its own;
+- builders take the lock, so two at once make one entry (the second waits, then reads it); a waiter says
+  who holds the lock, and again every ``WAIT_REPORT_SECONDS``;
+- the manifest records every file's size and SHA-256, checked on each open, and its own SHA-256: a damaged
+  entry or manifest is moved aside (``<key>.damaged-<time>``) and rebuilt, with one warning line;
+- a full disk is one line naming the cache's filesystem; a file where an entry's folder should be is one
+  line;
 - a root where nothing can be written gives one warning line and the entry is built under the fallback
-  folder (the run's workdir) instead; an entry that is already whole is read from a read-only root.
+  folder (the run's workdir) instead; an entry that is already whole is read from a read-only root;
+- a cache shared by a group: what it creates in a group-writable folder is group-writable too (a setgid
+  folder gives it the folder's group), and a lock file another user created is opened read-only if it
+  cannot be written (flock needs only that, except on NFS).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
 import logging
 import os
+import re
 import shutil
+import socket
+import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from transformer_jax.runtime.errors import UserError
+from transformer_jax.runtime import disk
+from transformer_jax.runtime.errors import DiskFullError, UserError
+from transformer_jax.runtime.output_file import process_is_gone
 
 CACHE_ENV = "TRANSFORMER_JAX_CACHE"
 MANIFEST = "manifest.json"
+HASHES = "hashes"  # the folder of the root that keeps files' SHA-256 (``file_sha256``)
+SELF_SHA256 = "manifest_sha256"  # the manifest's field holding the SHA-256 of its other fields
+WAIT_REPORT_SECONDS = 60.0  # a waiter says again who holds the lock this often
 _HASH_BLOCK = 1 << 24  # bytes read at a time while hashing a file
+_RACY_NS = 2_000_000_000  # a file changed this recently may change again within its clock tick: not kept
+_LEFTOVER = re.compile(r"(?P<key>[0-9a-f]{20})\.tmp-(?P<pid>\d+)")
+_SHORT_WRITE = re.compile(r"\d+ requested and \d+ written")  # numpy's tofile/save on a full disk (no errno)
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class CacheError(UserError, OSError):
@@ -51,9 +79,9 @@ class CacheError(UserError, OSError):
 def default_root() -> Path:
     """``$TRANSFORMER_JAX_CACHE``, else ``$XDG_CACHE_HOME/transformer_jax``, else ~/.cache/transformer_jax."""
     if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "transformer_jax"
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
+    return Path(base).expanduser() / "transformer_jax"
 
 
 def cache_root(cache_dir: str) -> Path:
@@ -61,20 +89,112 @@ def cache_root(cache_dir: str) -> Path:
     return Path(cache_dir).expanduser() if cache_dir else default_root()
 
 
-_hashed: dict[tuple, str] = {}  # (path, size, mtime, inode) -> SHA-256, for this process's lifetime
+# ----------------------------------------------------------------------------- a shared group
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    """The hex SHA-256 of a file's bytes, read in blocks; a file unchanged since this
-    process last hashed it (same size, modification time and inode) is not read again."""
-    status = os.stat(path)
-    identity = (os.path.realpath(path), status.st_size, status.st_mtime_ns, status.st_ino)
+def _share(path: Path, folder: Path) -> None:
+    """Makes ``path`` (which this process created) group-readable and -writable, and a folder
+    group-searchable, where ``folder`` (its parent) is group-writable; otherwise leaves it as created."""
+    with contextlib.suppress(OSError):
+        if not os.stat(folder).st_mode & stat.S_IWGRP:
+            return
+        status = os.lstat(path)
+        if status.st_uid != os.geteuid() or stat.S_ISLNK(status.st_mode):
+            return
+        bits = stat.S_IRGRP | stat.S_IWGRP | (stat.S_IXGRP if stat.S_ISDIR(status.st_mode) else 0)
+        if status.st_mode & bits != bits:
+            os.chmod(path, stat.S_IMODE(status.st_mode) | bits)
+
+
+def _share_tree(top: Path, folder: Path) -> None:
+    """``_share`` for ``top`` (in ``folder``) and everything under it."""
+    _share(top, folder)
+    for parent, dirs, files in os.walk(top):
+        for name in dirs + files:
+            _share(Path(parent) / name, Path(parent))
+
+
+def _make_dirs(folder: Path) -> None:
+    """``folder`` and its missing parents, each shared as its parent is (``_share``)."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    for path in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # made meanwhile by another process
+            path.mkdir()
+            _share(path, path.parent)
+    if not missing and not folder.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "a file, not a folder", str(folder))
+
+
+def _write_small(path: Path, text: str) -> None:
+    """Writes ``text`` to ``path`` whole (a file beside it renamed into place), shared as its folder is."""
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        _share(tmp, path.parent)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+# ----------------------------------------------------------------------------- file hashes
+
+_hashed: dict[tuple, str] = {}  # (path, size, times, inode) -> SHA-256, for this process's lifetime
+
+
+def _stamp(status: os.stat_result) -> dict[str, int]:
+    """What a write to a file changes: its size, modification and change times; a new file, its inode."""
+    return {"size": status.st_size, "mtime_ns": status.st_mtime_ns, "ctime_ns": status.st_ctime_ns,
+            "inode": status.st_ino}
+
+
+def _record_path(index: Path, real: str) -> Path:
+    return index / f"{hashlib.sha256(real.encode()).hexdigest()[:20]}.json"
+
+
+def _recorded(index: Path, real: str, stamp: dict[str, int]) -> str | None:
+    """The SHA-256 ``index`` keeps for the file ``real`` as it is now (``stamp``), else None."""
+    try:
+        record = json.loads(_record_path(index, real).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("path") != real or any(
+            record.get(field) != value for field, value in stamp.items()):
+        return None
+    sha = record.get("sha256")
+    return sha if isinstance(sha, str) and _SHA256.fullmatch(sha) else None
+
+
+def _remember(index: Path, real: str, stamp: dict[str, int], sha: str) -> None:
+    """Keeps ``sha`` for ``real`` in ``index``, if it can be written (it is only a shortcut)."""
+    with contextlib.suppress(OSError):
+        _make_dirs(index)
+        _write_small(_record_path(index, real), json.dumps({"path": real, **stamp, "sha256": sha}))
+
+
+def file_sha256(path: str | os.PathLike, *, index: Path | None = None) -> str:
+    """The hex SHA-256 of a file's bytes, read in blocks; a file unchanged since this process last hashed
+    it (same size, times and inode) is not read again, nor, with ``index`` (a folder, e.g. the cache root's
+    ``hashes``), one unchanged since any process recorded it there. A file changed in the last two
+    seconds is not recorded: a write within the same tick of its clock would keep its times."""
+    real = os.path.realpath(path)
+    stamp = _stamp(os.stat(real))
+    identity = (real, *stamp.values())
     if identity not in _hashed:
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            while block := f.read(_HASH_BLOCK):
-                digest.update(block)
-        _hashed[identity] = digest.hexdigest()
+        sha = _recorded(index, real, stamp) if index is not None else None
+        if sha is None:
+            digest = hashlib.sha256()
+            with open(real, "rb") as f:
+                while block := f.read(_HASH_BLOCK):
+                    digest.update(block)
+            sha = digest.hexdigest()
+            recent = time.time_ns() - max(stamp["mtime_ns"], stamp["ctime_ns"]) < _RACY_NS
+            if index is not None and not recent:
+                _remember(index, real, stamp, sha)
+        _hashed[identity] = sha
     return _hashed[identity]
 
 
@@ -83,7 +203,36 @@ def spec_key(spec: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def _check_files(folder: Path, manifest: dict) -> str | None:
+# ----------------------------------------------------------------------------- the manifest
+
+
+def _self_sha256(manifest: Mapping[str, Any]) -> str:
+    """The SHA-256 of a manifest's fields but ``SELF_SHA256``, as canonical JSON."""
+    fields = {k: v for k, v in manifest.items() if k != SELF_SHA256}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def _manifest_problem(manifest: Any, spec: Mapping[str, Any]) -> str | None:
+    """None if ``manifest`` is well formed, is the one of ``spec`` and matches its own SHA-256 (older
+    manifests have none), else what is wrong with it."""
+    if not isinstance(manifest, dict):
+        return f"{MANIFEST} is not a JSON object"
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        return f"{MANIFEST} lists no files"
+    for name, value in files.items():
+        if name in ("", ".", "..", MANIFEST) or "/" in name or not (
+                isinstance(value, list) and len(value) == 2 and type(value[0]) is int and value[0] >= 0
+                and isinstance(value[1], str) and _SHA256.fullmatch(value[1])):
+            return f"{MANIFEST} has a malformed file record {name!r}: {value!r}"
+    if manifest.get("spec") != json.loads(json.dumps(dict(spec))):
+        return f"{MANIFEST} is another entry's"
+    if SELF_SHA256 in manifest and manifest[SELF_SHA256] != _self_sha256(manifest):
+        return f"{MANIFEST} does not match its own SHA-256 (a value in it was changed)"
+    return None
+
+
+def _check_files(folder: Path, manifest: dict, index: Path | None) -> str | None:
     """None if every file of ``manifest`` in ``folder`` has its size and SHA-256, else what differs."""
     for name, (size, sha) in manifest["files"].items():
         path = folder / name
@@ -91,56 +240,190 @@ def _check_files(folder: Path, manifest: dict) -> str | None:
             return f"{name} is missing"
         if path.stat().st_size != size:
             return f"{name} has {path.stat().st_size} bytes, the manifest says {size}"
-        if file_sha256(path) != sha:
+        if file_sha256(path, index=index) != sha:
             return f"{name} does not match its SHA-256"
     return None
 
 
-def _read_manifest(folder: Path) -> tuple[dict | None, str | None]:
-    """(manifest, None) for a whole entry; (None, why) for a damaged one; (None, None) when there is none."""
+def _read_manifest(folder: Path, spec: Mapping[str, Any], what: str,
+                   index: Path | None) -> tuple[dict | None, str | None]:
+    """(manifest, None) for a whole entry; (None, why) for a damaged one; (None, None) when there is none.
+    CacheError when something else than a folder has the entry's name."""
     if not folder.is_dir():
+        if os.path.lexists(folder):
+            raise CacheError(f"{folder} is a file where the folder of {what} should be; remove it (the "
+                             "cache never writes a file there) and run again")
         return None, None
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
-        problem = _check_files(folder, manifest)
+        problem = _manifest_problem(manifest, spec) or _check_files(folder, manifest, index)
     except FileNotFoundError:
         return None, f"{MANIFEST} is missing"
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError) as e:
         return None, f"{MANIFEST} is unreadable ({e})"
     return (None, problem) if problem else (manifest, None)
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Holds an exclusive flock on ``path`` (created), waiting for any other holder; released on exit."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+# ----------------------------------------------------------------------------- the lock
+
+
+def _open_lock(path: Path) -> int:
+    """A descriptor of the lock file ``path`` (created, shared as its folder is, when missing): read-write
+    where this user may write it, else read-only (another user's lock file in a shared cache)."""
     try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except PermissionError:
+        return os.open(path, os.O_RDONLY)
+    _share(path, path.parent)
+    return fd
+
+
+def _try_lock(fd: int, path: Path) -> bool:
+    """Takes the exclusive flock on ``fd`` if it is free."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError as e:
+        if e.errno != errno.EBADF:
+            raise
+        raise CacheError(f"cannot lock {path}: it belongs to another user and cannot be written by you, and "
+                         "this filesystem (NFS) locks only files open for writing; ask its owner to make the "
+                         "cache folder group-writable (chmod -R g+w) or set config.data.cache_dir (or "
+                         f"${CACHE_ENV}) to a folder of your own") from None
+    return True
+
+
+def _holder(path: Path) -> str:
+    """Who holds the lock ``path``, from the ``.builder`` file its holder wrote."""
+    try:
+        record = json.loads(path.with_suffix(".builder").read_text())
+        host, pid, since = record["host"], int(record["pid"]), float(record["since"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "a process that did not say who it is"
+    minutes = max(0.0, time.time() - since) / 60
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(since))
+    gone = " (no longer running)" if host == socket.gethostname() and process_is_gone(pid) else ""
+    return f"pid {pid} on host {host}{gone}, since {when} ({minutes:.0f} min ago)"
+
+
+def _wait(fd: int, path: Path, what: str) -> None:
+    """Waits for the flock on ``fd``, saying who holds it now and again every ``WAIT_REPORT_SECONDS``."""
+    started = time.monotonic()
+    logging.warning("Waiting for another process that is building %s in %s: %s", what, path.with_suffix(""),
+                    _holder(path))
+    report = started + WAIT_REPORT_SECONDS
+    pause = 0.05
+    while not _try_lock(fd, path):
+        if time.monotonic() >= report:
+            report += WAIT_REPORT_SECONDS
+            logging.warning("Still waiting after %.0f min for %s: its lock %s is held by %s. If that process "
+                            "is gone (a node that crashed), the filesystem frees its lock when it notices "
+                            "(NFS: within its lease time, Lustre: when it evicts the node)",
+                            (time.monotonic() - started) / 60, what, path, _holder(path))
+        time.sleep(pause)
+        pause = min(2 * pause, 1.0)
+
+
+@contextlib.contextmanager
+def _locked(path: Path, what: str) -> Iterator[None]:
+    """Holds an exclusive flock on ``path`` (created), waiting for any other holder; the holder's host, pid
+    and start are in ``<path>.builder`` meanwhile. Released on exit."""
+    fd = _open_lock(path)
+    try:
+        if not _try_lock(fd, path):
+            _wait(fd, path, what)
+        builder = path.with_suffix(".builder")
+        with contextlib.suppress(OSError):  # only words for waiters
+            _write_small(builder, json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                                              "since": time.time()}))
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            logging.warning("Waiting for another process that is building %s", path.with_suffix(""))
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                builder.unlink()
     finally:
         os.close(fd)  # releases the flock
 
 
-def _remove_leftovers(folder: Path, key: str) -> None:
-    """Removes the ``<key>.tmp-*`` folders of builders that died (called under the lock, so none is live)."""
-    for stale in folder.glob(f"{key}.tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+def _remove_leftovers(root: Path, own: Path) -> None:
+    """Removes the ``<key>.tmp-<pid>`` folders of builders that are gone, in every kind folder of ``root``:
+    those of ``own`` (a lock file held by this process) and of any entry whose lock is free, so whose
+    builder has ended, on whatever host; without a lock file, those whose pid runs on no process here."""
+    with contextlib.suppress(OSError):
+        for folder in [p for p in root.iterdir() if p.is_dir()]:
+            leftovers: dict[Path, list[Path]] = {}
+            for path in folder.iterdir():
+                if (match := _LEFTOVER.fullmatch(path.name)) and path.is_dir():
+                    leftovers.setdefault(folder / f"{match['key']}.lock", []).append(path)
+            for lock, paths in leftovers.items():
+                if lock == own or not lock.exists():
+                    gone = paths if lock == own else [
+                        p for p in paths if process_is_gone(int(p.name.rpartition("-")[2]))]
+                    for path in gone:
+                        shutil.rmtree(path, ignore_errors=True)
+                    continue
+                with _held_if_free(lock) as free:  # held while removing: no new build starts meanwhile
+                    for path in paths if free else []:
+                        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _held_if_free(lock: Path) -> Iterator[bool]:
+    """Holds the flock on the existing ``lock`` if no process holds it; yields whether it does."""
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except PermissionError:
+        fd = os.open(lock, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            free = True
+        except OSError:  # held (or, on NFS, not lockable read-only: then left alone)
+            free = False
+        yield free
+    finally:
+        os.close(fd)
+
+
+# ----------------------------------------------------------------------------- building
 
 
 def _writable(folder: Path) -> str | None:
     """None if a file can be created in ``folder`` (made if missing), else the reason."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        _make_dirs(folder)
         probe = folder / f".write-test-{os.getpid()}"
         probe.touch()
         probe.unlink()
+    except (FileExistsError, NotADirectoryError) as e:
+        return f"{e.filename or folder} is a file, not a folder"
     except OSError as e:
         return e.strerror or str(e)
     return None
+
+
+def _is_full(error: BaseException) -> bool:
+    """Whether ``error`` says the disk is full, numpy's short write (which has no errno) included."""
+    return disk.is_disk_full(error) or bool(_SHORT_WRITE.search(str(error)))
+
+
+def _build_entry(tmp: Path, spec: Mapping[str, Any], build: Callable[[Path], dict[str, Any]],
+                 index: Path) -> dict[str, Any]:
+    """Runs ``build`` into the empty folder ``tmp`` and writes its manifest; returns the manifest."""
+    started = time.time()
+    extra = build(tmp)
+    _share_tree(tmp, tmp.parent)
+    files = {p.name: [p.stat().st_size, file_sha256(p)] for p in sorted(tmp.iterdir()) if p.is_file()}
+    manifest = {**extra, "spec": dict(spec), "files": files, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "build_seconds": round(time.time() - started, 1)}
+    manifest[SELF_SHA256] = _self_sha256(manifest)
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    _share(tmp / MANIFEST, tmp)
+    for path in tmp.iterdir():  # whole on disk before it gets its name
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+    return manifest
 
 
 def open_or_build(root: Path, kind: str, spec: Mapping[str, Any],
@@ -157,11 +440,15 @@ def open_or_build(root: Path, kind: str, spec: Mapping[str, Any],
       fallback: where to build when nothing can be written under ``root`` (e.g. the workdir's
         ``data_cache``); None: raise ``CacheError`` instead.
       what: words for messages, e.g. 'the encoded train split'.
+
+    Raises ``DiskFullError`` (naming the cache's filesystem; the partial build removed) when the disk
+    fills up during the build, ``CacheError`` when a file has the entry's name.
     """
     key = spec_key(spec)
     folder = root / kind
     entry = folder / key
-    manifest, damage = _read_manifest(entry)
+    index = root / HASHES
+    manifest, damage = _read_manifest(entry, spec, what, index)
     if manifest is not None:
         return entry, manifest
     reason = _writable(folder)
@@ -172,27 +459,33 @@ def open_or_build(root: Path, kind: str, spec: Mapping[str, Any],
         logging.warning("The data cache %s is not writable (%s); using %s for %s", folder, reason,
                         fallback, what)
         return open_or_build(Path(fallback), kind, spec, build, fallback=None, what=what)
-    with _locked(folder / f"{key}.lock"):
-        manifest, damage = _read_manifest(entry)  # another process may have built it meanwhile
-        if manifest is not None:
-            return entry, manifest
-        if damage is not None:
-            aside = folder / f"{key}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-            entry.rename(aside)
-            logging.warning("%s in %s is damaged (%s); moved it to %s and building it again", what, entry,
-                            damage, aside.name)
-        _remove_leftovers(folder, key)
-        tmp = folder / f"{key}.tmp-{os.getpid()}"
-        tmp.mkdir()
-        started = time.time()
-        extra = build(tmp)
-        files = {p.name: [p.stat().st_size, file_sha256(p)] for p in sorted(tmp.iterdir()) if p.is_file()}
-        manifest = {**extra, "spec": dict(spec), "files": files,
-                    "created": time.strftime("%Y-%m-%d %H:%M:%S"),
-                    "build_seconds": round(time.time() - started, 1)}
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
-        for path in tmp.iterdir():  # whole on disk before it gets its name
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
-        tmp.rename(entry)
+    try:
+        with _locked(folder / f"{key}.lock", what):
+            manifest, damage = _read_manifest(entry, spec, what, index)  # built meanwhile by another?
+            if manifest is not None:
+                return entry, manifest
+            if damage is not None:
+                aside = folder / f"{key}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+                entry.rename(aside)
+                logging.warning("%s in %s is damaged (%s); moved it to %s and building it again", what,
+                                entry, damage, aside.name)
+            _remove_leftovers(root, folder / f"{key}.lock")
+            tmp = folder / f"{key}.tmp-{os.getpid()}"
+            tmp.mkdir()
+            try:
+                manifest = _build_entry(tmp, spec, build, index)
+                tmp.rename(entry)
+            except Exception:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+    except OSError as e:
+        if isinstance(e, UserError) or not _is_full(e):
+            raise
+        where = disk.describe_filesystem(str(folder))
+        raise DiskFullError(f"no space left building {what} in {folder}: {where} ran out of space; the "
+                            "partial build was removed. Free some space there, or set config.data.cache_dir "
+                            f"(or ${CACHE_ENV}) to a filesystem with room, and run again") from None
+    for name, (_, sha) in manifest["files"].items():  # an open of the new entry reads none of its files
+        path = os.path.realpath(entry / name)
+        _remember(index, path, _stamp(os.stat(path)), sha)
     return entry, manifest
