@@ -12,12 +12,11 @@ not replaced unless ``overwrite`` is set.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import socket
 import tempfile
 from collections.abc import Iterator, Sequence
 
+from transformer_jax.evaluation import by_length as by_length_lib
 from transformer_jax.runtime import output_file
 from transformer_jax.runtime.errors import ConfigError, MissingFileError, UserError
 
@@ -53,11 +52,13 @@ def check_writable(output_dir: str) -> None:
 def check_arguments(workdir: str, *, step: int | None, average_last: int, split: str,
                     source_file: str | None, reference_file: str | None, beam_size: int | None,
                     alpha: float | None, max_extra_len: int | None, output_dir: str,
-                    ensemble: Sequence[str] = ()) -> None:
+                    ensemble: Sequence[str] = (), by_length: bool = False,
+                    length_buckets: Sequence[int] | None = None) -> None:
     """Every argument of ``workdir_scoring.evaluate_workdir``, before anything is restored.
 
     Raises:
-      ConfigError: a flag out of range, or --source_file without --reference_file (or the reverse).
+      ConfigError: a flag out of range, --source_file without --reference_file (or the reverse), or
+        --length_buckets without --by_length or not increasing.
       MissingFileError: the workdir, its checkpoints folder or an input file does not exist.
       UserError: ``output_dir`` cannot be written.
     """
@@ -66,6 +67,10 @@ def check_arguments(workdir: str, *, step: int | None, average_last: int, split:
     check_at_least("beam_size", beam_size, 1, "1 is greedy search")
     check_at_least("alpha", alpha, 0, "the GNMT length penalty; 0 turns it off", integer=False)
     check_at_least("max_extra_len", max_extra_len, 0, "outputs may be input length + this long")
+    if length_buckets is not None:
+        if not by_length:
+            raise ConfigError("--length_buckets sets the buckets of --by_length; pass --by_length too")
+        by_length_lib.check_edges(length_buckets)
     if split not in SPLITS:
         raise ConfigError(f"--split={split!r}: expected one of {', '.join(SPLITS)}")
     if bool(source_file) != bool(reference_file):
@@ -108,54 +113,24 @@ def claimed_outputs(stem: str, *, overwrite: bool) -> Iterator[tuple[str, str]]:
     """``with claimed_outputs(stem, overwrite=...) as (txt, json): ...``: the outputs ``stem.txt`` and
     ``stem.json``, held by this process until the block ends.
 
-    The claim is a file ``.<name>.claim`` beside them, created exclusively (``O_EXCL``), so of two runs
+    The claim is a file ``.<name>.claim`` beside them, locked (``output_file.claim``), so of two runs
     that would write the same outputs one gets them and the other a UserError at once, before decoding
-    (a claim left by a process that no longer runs on this host is taken over). Once claimed, an existing
-    result is a UserError unless ``overwrite``.
+    (a claim left by a killed run is taken over by exactly one run). Once claimed, an existing result is
+    a UserError unless ``overwrite``.
     """
     folder, name = os.path.split(stem)
     claim = os.path.join(folder, f".{name}.claim")
-    _take_claim(claim, stem)
-    try:
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(output_file.claim(claim))
+        except output_file.ClaimHeldError as e:
+            raise UserError(
+                f"another evaluate.py (pid {e.holder.get('pid', '?')} on {e.holder.get('host', '?')}) is "
+                f"writing {stem}.txt and .json now; wait for it to end (then --overwrite replaces its "
+                "result), or pass --output_dir=DIR") from None
         paths = (stem + ".txt", stem + ".json")
         existing = [p for p in paths if os.path.exists(p)]
         if existing and not overwrite:
             raise UserError(f"{existing[-1]} exists: this checkpoint was scored on these inputs before; "
                             "pass --overwrite to replace it, or --output_dir=DIR to keep both")
         yield paths
-    finally:
-        with contextlib.suppress(OSError):
-            os.remove(claim)
-
-
-def _take_claim(claim: str, stem: str) -> None:
-    host = socket.gethostname()
-    for _ in range(2):
-        try:
-            fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            holder = _read_claim(claim)
-            pid = holder.get("pid")
-            if holder.get("host") == host and isinstance(pid, int) and output_file.process_is_gone(pid):
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(claim)  # left by a run killed with -9: taken over
-                continue
-            raise UserError(
-                f"another evaluate.py (pid {holder.get('pid', '?')} on {holder.get('host', '?')}) is writing "
-                f"{stem}.txt and .json now; wait for it to end (then --overwrite replaces its result), or "
-                f"pass --output_dir=DIR. If no such process runs, delete {claim}") from None
-        with os.fdopen(fd, "w") as f:
-            json.dump({"pid": os.getpid(), "host": host}, f)
-        return
-    raise UserError(f"could not claim {stem}.txt and .json ({claim} keeps coming back); try again")
-
-
-def _read_claim(claim: str) -> dict:
-    try:
-        with open(claim) as f:
-            holder = json.load(f)
-        return holder if isinstance(holder, dict) else {}
-    except (OSError, ValueError):  # being written, or gone
-        return {}
-
-

@@ -5,19 +5,26 @@ not a folder itself) by creating an empty temporary file beside it (``.<name>.<p
 killed process is removed the next time); ``write(text)`` fills that file,
 flushes it to disk and renames it over ``path``. A crash at any point leaves the previous ``path``, or
 none, never a partial one. ``write_stdout`` is the same contract's half that stdout allows: a full disk
-or a closed pipe is one line, not a traceback.
+or a closed pipe is one line, not a traceback. ``claim`` holds a set of outputs for one process at a time.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
+import json
+import logging
 import os
+import socket
 import stat
 import sys
+from collections.abc import Iterator
 
 from transformer_jax.runtime import disk
 from transformer_jax.runtime.errors import ConfigError, DiskFullError, UserError
+
+_log = logging.getLogger(__name__)
 
 
 class OutputFile:
@@ -85,6 +92,80 @@ def process_is_gone(pid: int) -> bool:
     except PermissionError:  # another user's live process
         return False
     return False
+
+
+class ClaimHeldError(UserError):
+    """Another live process holds the claim; ``holder`` is what it wrote there ({} while it writes)."""
+
+    def __init__(self, path: str, holder: dict):
+        super().__init__(f"{path} is held by pid {holder.get('pid', '?')} on {holder.get('host', '?')}")
+        self.path, self.holder = path, holder
+
+
+@contextlib.contextmanager
+def claim(path: str) -> Iterator[None]:
+    """``with claim(path): ...``: this process holds ``path`` until the block ends; ClaimHeldError if a
+    live process holds it.
+
+    The claim is an exclusive ``flock`` on the file ``path``, which holds the holder's pid and host for
+    the message. The kernel drops the lock when its process dies (kill -9 included), so a claim left by a
+    killed run is taken over by whoever locks it first: the takeover is one atomic ``flock``, and of any
+    number of runs racing for a dead claim exactly one gets it. The file is removed, still locked, when
+    the block ends; a run that locked a file removed or replaced meanwhile tries again. Where the
+    filesystem takes no locks, the block runs unclaimed, with a warning.
+    """
+    fd = _lock(path)
+    try:
+        yield
+    finally:
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.remove(path)  # while locked: a waiter that opened this file sees it gone and retries
+            os.close(fd)
+
+
+def _lock(path: str) -> int | None:
+    """An open descriptor holding ``flock(path)`` with this process's pid and host written in, or None
+    where the filesystem takes no locks."""
+    for _ in range(100):  # each retry means another run released or replaced the file meanwhile
+        try:
+            fd, writable = os.open(path, os.O_RDWR | os.O_CREAT, 0o644), True
+        except PermissionError:  # another user's claim file: flock needs only a read-only descriptor
+            fd, writable = os.open(path, os.O_RDONLY), False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ClaimHeldError(path, _read_holder(path)) from None
+        except OSError as e:  # ENOLCK, EINVAL, EOPNOTSUPP: a filesystem without locks
+            os.close(fd)
+            _log.warning("cannot lock %s (%s): two runs writing the same outputs at once are not detected "
+                         "on this filesystem", path, e.strerror or e)
+            return None
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same and not writable:
+            os.remove(path)  # locked, so no one else holds it: made again as ours on the next try
+            same = False
+        if not same:
+            os.close(fd)
+            continue
+        data = json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+        return fd
+    raise UserError(f"could not claim {path}: it was replaced 100 times while being locked; try again")
+
+
+def _read_holder(path: str) -> dict:
+    try:
+        with open(path) as f:
+            holder = json.load(f)
+        return holder if isinstance(holder, dict) else {}
+    except (OSError, ValueError):  # being written, or gone
+        return {}
 
 
 def _remove_orphans(folder: str, name: str) -> None:
