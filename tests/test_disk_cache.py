@@ -11,10 +11,12 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -332,3 +334,97 @@ def test_the_cache_variable_and_xdg_expand_a_tilde(tmp_path, monkeypatch):
     monkeypatch.delenv(disk_cache.CACHE_ENV)
     monkeypatch.setenv("XDG_CACHE_HOME", "~/xdg")
     assert disk_cache.cache_root("") == tmp_path / "xdg" / "transformer_jax"
+
+
+# ----------------------------------------------------------------------------- a cache shared by users
+
+_AS_NOBODY = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    from transformer_jax.data import disk_cache
+
+    def build(folder):
+        (folder / "payload.bin").write_text(sys.argv[3])
+        return {}
+
+    entry, _ = disk_cache.open_or_build(Path(sys.argv[1]), "kind", json.loads(sys.argv[2]), build,
+                                        fallback=None, what="the entry")
+    print((entry / "payload.bin").read_text())
+""")
+NOBODY = 65534
+
+
+def _shared_folder(mode: int, group: int = 0):
+    """A folder under /tmp another user can reach (pytest's tmp_path is private to root)."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("running as a second user needs root and setpriv")
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="shared-cache-", dir="/tmp")
+    os.chown(folder, 0, group)
+    os.chmod(folder, mode)
+    return Path(folder)
+
+
+def _open_as_nobody(root, spec, text) -> subprocess.CompletedProcess:
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.run(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", sys.executable, "-c",
+         _AS_NOBODY, str(root), json.dumps(spec), text],
+        capture_output=True, text=True, timeout=120, cwd="/", env={**os.environ, "PYTHONPATH": repo})
+
+
+def test_a_second_user_builds_beside_a_lock_file_the_first_user_created():
+    root = _shared_folder(0o777)
+    try:
+        os.makedirs(f"{root}/kind", mode=0o777)
+        os.chmod(f"{root}/kind", 0o777)  # a folder both users can write, in which root's files are 0644
+        entry, _ = disk_cache.open_or_build(root, "kind", SPEC, _build("by root"), fallback=None, what="e")
+        shutil.rmtree(entry)  # the lock file stays, owned by root, 0644
+        lock = entry.with_suffix(".lock")
+        assert os.stat(lock).st_uid == 0 and not os.stat(lock).st_mode & 0o002  # nobody may not write it
+        result = _open_as_nobody(root, SPEC, "by nobody")
+        assert result.returncode == 0 and result.stdout.strip() == "by nobody", result.stderr[-2000:]
+        assert os.stat(entry).st_uid == NOBODY
+    finally:
+        shutil.rmtree(root)
+
+
+def test_what_the_cache_creates_in_a_group_writable_folder_is_group_writable():
+    root = _shared_folder(0o2775, group=NOBODY)  # a team's folder: setgid, group-writable
+    old_umask = os.umask(0o022)
+    try:
+        entry, _ = disk_cache.open_or_build(root / "cache", "kind", SPEC, _build("by root"), fallback=None,
+                                            what="e")
+        made = [Path(p) / name for p, dirs, files in os.walk(root) for name in dirs + files]
+        assert len(made) >= 7  # cache, kind, the entry, its 2 files, the lock, hashes and its records
+        for path in made:
+            status = os.stat(path)
+            assert status.st_gid == NOBODY and status.st_mode & 0o060 == 0o060, (path, oct(status.st_mode))
+            if path.is_dir():
+                assert status.st_mode & 0o010, path
+        (entry / "payload.bin").write_text("damaged")  # the second user moves root's entry aside ...
+        result = _open_as_nobody(f"{root}/cache", SPEC, "by nobody")
+        assert result.returncode == 0 and result.stdout.strip() == "by nobody", result.stderr[-2000:]
+        other = _open_as_nobody(f"{root}/cache", {"other": 1}, "another entry")  # ... and adds one
+        assert other.returncode == 0 and other.stdout.strip() == "another entry", other.stderr[-2000:]
+    finally:
+        os.umask(old_umask)
+        shutil.rmtree(root)
+
+
+def test_a_waiter_says_who_holds_the_lock_and_again_while_it_waits(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(disk_cache, "WAIT_REPORT_SECONDS", 0.3)
+    first = _builder(tmp_path, pause=2.0)
+    _wait_for_build_start(tmp_path)  # the first holds the lock, mid-build
+    with caplog.at_level(logging.WARNING):
+        entry, _ = disk_cache.open_or_build(tmp_path / "root", "kind", {"format": 1}, _build("never"),
+                                            fallback=None, what="the entry")
+    assert (entry / "payload.bin").read_text() == "whole" and first.wait(timeout=60) == 0
+    messages = [r.getMessage() for r in caplog.records]
+    holder = f"pid {first.pid} on host {socket.gethostname()}, since "
+    assert messages[0].startswith("Waiting for another process that is building the entry in ")
+    assert holder in messages[0]
+    assert len(messages) >= 3 and all(m.startswith("Still waiting after ") and holder in m
+                                      for m in messages[1:]), messages
+    assert not list(entry.parent.glob("*.builder"))  # the holder's words go with its lock
