@@ -428,3 +428,85 @@ def test_a_waiter_says_who_holds_the_lock_and_again_while_it_waits(tmp_path, cap
     assert len(messages) >= 3 and all(m.startswith("Still waiting after ") and holder in m
                                       for m in messages[1:]), messages
     assert not list(entry.parent.glob("*.builder"))  # the holder's words go with its lock
+
+
+# ----------------------------------------------------------------------------- files hashed once
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """The names of the files ``disk_cache`` opens for reading from now on, in a process that has hashed
+    nothing yet (a later start)."""
+    opened = []
+
+    def counting_open(path, mode="r", *args, **kwargs):
+        if "r" in mode:
+            opened.append(os.path.basename(path))
+        return open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(disk_cache, "open", counting_open, raising=False)
+    monkeypatch.setattr(disk_cache, "_hashed", {})
+    return opened
+
+
+def _new_process(monkeypatch, reads):
+    monkeypatch.setattr(disk_cache, "_hashed", {})
+    reads.clear()
+
+
+def test_an_unchanged_file_is_hashed_once_for_every_later_process(tmp_path, monkeypatch, reads):
+    index = tmp_path / "cache" / disk_cache.HASHES
+    train = tmp_path / "train.en"
+    train.write_text("a sentence\n" * 100)
+    first = disk_cache.file_sha256(train, index=index)
+    assert reads == ["train.en"] and not index.exists()  # written just now: may change within its tick
+    monkeypatch.setattr(disk_cache, "_RACY_NS", 0)
+    _new_process(monkeypatch, reads)
+    assert disk_cache.file_sha256(train, index=index) == first and reads == ["train.en"]
+    _new_process(monkeypatch, reads)
+    assert disk_cache.file_sha256(train, index=index) == first and reads == []  # recorded: not read
+
+    status = train.stat()
+    train.write_text("b sentence\n" * 100)  # the same size, and the modification time put back
+    os.utime(train, ns=(status.st_atime_ns, status.st_mtime_ns))
+    assert train.stat().st_size == status.st_size and train.stat().st_mtime_ns == status.st_mtime_ns
+    _new_process(monkeypatch, reads)
+    second = disk_cache.file_sha256(train, index=index)
+    assert second != first and reads == ["train.en"]  # the change time tells
+
+    train.write_text("a sentence\n" * 101)  # a changed size
+    _new_process(monkeypatch, reads)
+    assert disk_cache.file_sha256(train, index=index) not in (first, second) and reads == ["train.en"]
+
+    copy = tmp_path / "copy.en"
+    shutil.copy2(train, copy)
+    os.replace(copy, train)  # the same bytes and times in another inode
+    _new_process(monkeypatch, reads)
+    disk_cache.file_sha256(train, index=index)
+    assert reads == ["train.en"]
+
+
+def test_a_warm_open_of_an_entry_reads_none_of_its_files(tmp_path, monkeypatch, reads):
+    entry, manifest = disk_cache.open_or_build(tmp_path, "kind", SPEC, _build("hello" * 1000),
+                                               fallback=None, what="the entry")
+    _new_process(monkeypatch, reads)
+    assert disk_cache.open_or_build(tmp_path, "kind", SPEC, _build("other"), fallback=None,
+                                    what="the entry") == (entry, manifest)
+    assert reads == []
+    payload = entry / "payload.bin"
+    payload.write_text("jello" * 1000)  # same size, new content: found
+    _new_process(monkeypatch, reads)
+    disk_cache.open_or_build(tmp_path, "kind", SPEC, _build("hello" * 1000), fallback=None, what="e")
+    assert "payload.bin" in reads and payload.read_text() == "hello" * 1000
+
+
+def test_a_text_corpus_keeps_its_hashes_in_the_cache(tmp_path, monkeypatch, reads):
+    from transformer_jax.data.corpora import TextCorpus
+
+    monkeypatch.setattr(disk_cache, "_RACY_NS", 0)
+    for name in ("train.de", "train.en"):
+        (tmp_path / name).write_text("x\n")
+    corpus = TextCorpus(tmp_path / "train.de", tmp_path / "train.en", hashes=tmp_path / "c" / "hashes")
+    first = corpus.fingerprint()
+    _new_process(monkeypatch, reads)
+    assert corpus.fingerprint() == first and reads == []
