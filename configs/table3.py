@@ -9,9 +9,11 @@
 The config argument is ``<row>[,<scale>]``: ``row`` is a name of ``paper.TABLE3`` (``base``, ``A-heads1``,
 ``A-heads4``, ``A-heads16``, ``A-heads32``, ``B-dk16``, ``B-dk32``, ``C-layers2``, ``C-layers4``,
 ``C-layers8``, ``C-dmodel256``, ``C-dmodel1024``, ``C-dff1024``, ``C-dff4096``, ``D-drop0.0``,
-``D-drop0.2``, ``D-ls0.0``, ``D-ls0.2``, ``E-learned-pos``, ``big``; default ``base``) and ``scale`` is
+``D-drop0.2``, ``D-ls0.0``, ``D-ls0.2``, ``E-learned-pos``, ``big``; default ``base``), or a row beyond
+the paper (``paper.TABLE3_BEYOND``, group E+: ``E+-rotary-pos``, ``E+-alibi-pos``, ``E+-relative-pos``,
+``E+-no-pos``, row E with the position schemes that came after the paper), and ``scale`` is
 ``paper`` (default), ``cpu`` or ``multi30k``. ``config.name`` is ``table3/<row>``, which the evaluation
-report matches to the paper's Table 3 row (newstest2013: PPL, BLEU).
+report matches to the paper's Table 3 row (newstest2013: PPL, BLEU); an E+ row has none.
 
 A row is a set of overrides (``paper.TABLE3``; the numbers live only in
 ``transformer_jax/evaluation/paper.py``):
@@ -64,6 +66,9 @@ Absolute numbers at cpu and multi30k scale are not comparable with the paper's; 
 change against the base row is (see ``python -m transformer_jax.sweep report``).
 
 A scale is one entry of ``SCALES``: its base config and, per field, how a paper value maps onto it.
+
+E+ rows scale as row E does: only ``position_encoding`` changes (``max_relative_position`` keeps its
+default, 16).
 """
 
 from __future__ import annotations
@@ -176,9 +181,9 @@ def parse_argument(argument: str | None) -> tuple[str, str]:
         raise ValueError(f"configs/table3.py takes '<row>[,<scale>]', got {argument!r}")
     row = parts[0] if parts and parts[0] else "base"
     scale = parts[1] if len(parts) == 2 else "paper"
-    if row not in paper.TABLE3_BY_NAME:
+    if row not in paper.TABLE3_ALL_BY_NAME:
         raise ValueError(f"unknown Table 3 row {row!r} in configs/table3.py:{argument}; valid rows: "
-                         f"{', '.join(r.name for r in paper.TABLE3)}")
+                         f"{', '.join(r.name for r in paper.TABLE3_ALL)}")
     if scale not in SCALES:
         raise ValueError(f"unknown scale {scale!r} in configs/table3.py:{argument}; valid scales: "
                          f"{', '.join(SCALES)} (e.g. configs/table3.py:{row},cpu)")
@@ -193,7 +198,7 @@ def _scaled(mapping: Mapping[str, Callable[[Any], Any]], base: Mapping[str, Any]
 
 def row_overrides(row: str, scale: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(model, train): the fields ``row`` sets at ``scale``, as ModelConfig / config.train values."""
-    table3_row, spec = paper.TABLE3_BY_NAME[row], SCALES[scale]
+    table3_row, spec = paper.TABLE3_ALL_BY_NAME[row], SCALES[scale]
     model = _scaled(spec.model, ModelConfig.settable_defaults(), table3_row.model)
     train = _scaled(spec.train, paper.BASE_TRAIN, table3_row.train)
     return model, train

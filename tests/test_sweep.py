@@ -17,7 +17,7 @@ from absl import flags
 
 from configs import table3, wmt14_en_de_base
 from transformer_jax.evaluation import paper
-from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.config import ModelConfig, param_count
 from transformer_jax.run_config import build_run_config
 from transformer_jax.sweep import __main__ as cli
 from transformer_jax.sweep import grid, launchers
@@ -93,6 +93,38 @@ def test_rows_by_hand(row, scale):
             m.position_encoding, config.train.label_smoothing, config.train.num_steps) == EXPECTED[row, scale]
 
 
+BEYOND = {"E+-rotary-pos": "rotary", "E+-alibi-pos": "alibi", "E+-relative-pos": "relative",
+          "E+-no-pos": "none"}
+
+
+@pytest.mark.parametrize("scale", ["cpu", "multi30k"])
+def test_rows_beyond_the_paper_build_valid_configs(scale):
+    """E+ rows are row E with another position scheme: everything else is the base row at that scale."""
+    assert {r.name: r.model["position_encoding"] for r in paper.TABLE3_BEYOND} == BEYOND
+    base = table3.get_config(f"base,{scale}").to_dict()
+    base.pop("name")
+    for name, scheme in BEYOND.items():
+        config = table3.get_config(f"{name},{scale}")
+        run = build_run_config(config, environment=False)
+        assert run.model.position_encoding == scheme and config.name == f"table3/{name}"
+        ours = config.to_dict()
+        ours.pop("name")
+        ours["model"]["position_encoding"] = "sinusoidal"
+        assert ours == base
+        assert name not in paper.TABLE3_BY_NAME  # never matched with a paper row
+    rows = grid.table3_rows("E+", scale)
+    params = {r.name: param_count(build_run_config(grid.build_config(r), environment=False).model)
+              for r in rows}  # validate_rows would also want the data files
+    assert [r.name for r in rows] == list(BEYOND)
+    assert all(r.beyond_paper and r.paper_row is None and r.table3_row == r.name for r in rows)
+    assert [r.changes for r in rows] == [(("position_encoding", s),) for s in BEYOND.values()]
+    # Relative positions add a table of 2k+1 rows (k = 16) for keys and values to every self-attention.
+    d_k = {"cpu": 8, "multi30k": 16}[scale]
+    layers = {"cpu": 3, "multi30k": 4}[scale] * 2
+    assert params["E+-relative-pos"] - params["E+-rotary-pos"] == layers * 33 * 2 * d_k
+    assert params["E+-alibi-pos"] == params["E+-no-pos"] == params["E+-rotary-pos"]
+
+
 def test_cpu_layers_stay_distinct_and_in_order():
     layers = [table3.get_config(f"C-layers{n},cpu").model.num_encoder_layers for n in (2, 4, 8)]
     assert layers == [1, 2, 4]
@@ -118,7 +150,7 @@ def test_config_argument_errors_list_the_choices():
 
 def test_a_row_naming_a_missing_field_fails(monkeypatch):
     bad = paper.Table3Row("base", "base", {"num_layers": 3}, {}, 4.92, 25.8, 65)  # the old name of N
-    monkeypatch.setitem(paper.TABLE3_BY_NAME, "base", bad)
+    monkeypatch.setitem(paper.TABLE3_ALL_BY_NAME, "base", bad)
     with pytest.raises(KeyError, match="num_layers"):
         table3.get_config("base,paper")
 
@@ -136,7 +168,7 @@ def test_select_rows_by_group_and_name():
     assert _names(grid.select_table3_rows("E,base,D-ls0.2")) == ["base", "D-ls0.2", "E-learned-pos"]
     assert _names(grid.select_table3_rows("big")) == ["big"]
     assert len(grid.select_table3_rows(None)) == 20
-    with pytest.raises(ValueError, match=r"'F'.*groups: base, A, B, C, D, E, big.*rows: base, A-heads1"):
+    with pytest.raises(ValueError, match=r"'F'.*groups: base, A, B, C, D, E, E\+, big.*rows: base, A-heads1"):
         grid.select_table3_rows("A,F")
 
 
@@ -414,6 +446,63 @@ def test_base_seeds_are_extra_rows_in_every_launcher(tmp_path, monkeypatch):
     assert "#SBATCH --array=0-3" in script and "#   1: base-seed1" in script
     assert "--rows=base,E-learned-pos --base_seeds=3" in script  # task i rebuilds the same 4 rows
     assert run("--rows", "E", "--base_seeds", "0", "--scale", "cpu", "--workdir", str(tmp_path / "x")) == 1
+
+
+def test_rows_beyond_the_paper_are_chosen_by_name_and_run_with_their_seeds(tmp_path, monkeypatch):
+    assert _names(grid.select_table3_rows("E+,E")) == ["E-learned-pos", *BEYOND]  # after E
+    assert _names(grid.select_table3_rows("big,E+-no-pos")) == ["E+-no-pos", "big"]
+    assert not any(r.group == "E+" for r in grid.select_table3_rows(None))  # the paper's rows by default
+    runner = FakeRunner()
+    monkeypatch.setattr(launchers, "run_command", runner)
+    args = ["--rows", "E,E+-alibi-pos", "--seeds", "2", "--base_seeds", "2", "--scale", "cpu"]
+    assert run(*args, "--workdir", str(tmp_path / "local")) == 0
+    names = ["base", "base-seed1", "E-learned-pos", "E-learned-pos-seed1", "E+-alibi-pos",
+             "E+-alibi-pos-seed1"]
+    assert [row for script, row in runner.commands if script == "train.py"] == names
+    manifest = json.loads((tmp_path / "local" / "sweep.json").read_text())
+    assert [(r["name"], r["paper_row"], r["table3_row"], r["beyond_paper"]) for r in manifest["rows"]] == [
+        ("base", "base", "base", False), ("base-seed1", "base", "base", False),
+        ("E-learned-pos", "E-learned-pos", "E-learned-pos", False),
+        ("E-learned-pos-seed1", "E-learned-pos", "E-learned-pos", False),
+        ("E+-alibi-pos", None, "E+-alibi-pos", True), ("E+-alibi-pos-seed1", None, "E+-alibi-pos", True)]
+    assert manifest["rows"][-1]["changes"] == {"position_encoding": "alibi", "seed": 1}
+    # The slurm array rebuilds the same rows in every task: task 5 is E+-alibi-pos-seed1.
+    assert run(*args, "--workdir", str(tmp_path / "slurm"), "--launcher", "slurm") == 0
+    script = (tmp_path / "slurm" / "sweep.sbatch").read_text()
+    assert "--rows=base,E-learned-pos,E+-alibi-pos --base_seeds=2 --seeds=2" in script
+    runner.commands.clear()
+    assert run(*_array_task_argv(script, 5)) == 0
+    assert runner.commands == [("train.py", "E+-alibi-pos-seed1"), ("evaluate.py", "E+-alibi-pos-seed1")]
+    assert run("--rows", "E", "--seeds", "0", "--scale", "cpu", "--workdir", str(tmp_path / "x")) == 1
+    assert run("--grid", "model.num_heads=2,4", "--seeds", "2", "--workdir", str(tmp_path / "x")) == 1
+
+
+@pytest.mark.parametrize("scale, item", [
+    ("cpu", "model.position_encoding=rotary"),  # the field row E changes
+    ("cpu", "train.num_steps=50"),  # a column of Table 3, set on every row
+    ("multi30k", "model.dropout_rate=0.3"),
+    ("paper", "model.position_encoding=rotary"),
+    ("paper", "train.warmup_steps=100"),  # the paper's recipe, which every paper-scale row is
+])
+def test_an_override_of_a_field_the_rows_set_is_refused_in_one_line(tmp_path, monkeypatch, capsys, scale,
+                                                                     item):
+    runner = FakeRunner()
+    monkeypatch.setattr(launchers, "run_command", runner)
+    assert run("--rows", "E", "--scale", scale, "--override", item, "--workdir", str(tmp_path / "s")) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and err[0].startswith(f"error: --override={item} changes a field every Table 3 row "
+                                               f"sets at {scale} scale"), err
+    assert f"--grid '{item}' --config configs/table3.py:base,{scale}" in err[0]
+    assert runner.commands == [] and not (tmp_path / "s").exists()
+
+
+def test_a_seed_override_is_refused_beside_seed_rows(tmp_path, capsys):
+    assert run("--rows", "E", "--scale", "cpu", "--override", "seed=5", "--workdir", str(tmp_path / "s"),
+               "--launcher", "print") == 1
+    assert "conflicts with the rows' own seeds" in capsys.readouterr().err
+    assert run("--rows", "E", "--scale", "cpu", "--base_seeds", "1", "--override", "seed=5", "--workdir",
+               str(tmp_path / "s"), "--launcher", "print") == 0
+    assert capsys.readouterr().out.count("--config.seed=5") == 2
 
 
 def test_report_reads_rows_run_by_hand(tmp_path, capsys):

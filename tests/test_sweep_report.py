@@ -8,8 +8,14 @@ import csv
 import json
 import os
 
+import matplotlib.axes
+import numpy as np
+import pytest
 from test_sweep import FakeRunner, run
 
+from configs import table3
+from transformer_jax.evaluation import paper_tables
+from transformer_jax.run_config import build_run_config
 from transformer_jax.sweep import grid, launchers, report
 
 
@@ -42,8 +48,8 @@ def test_direction_uses_one_rule_for_both():
     assert report.direction(25.4, 25.8, "bleu") == "down"
 
 
-def _fake_sweep(workdir, results, base_seeds=1):
-    rows = grid.table3_rows(",".join(r for r in results if not r.startswith("base-seed")), "cpu", base_seeds)
+def _fake_sweep(workdir, results, base_seeds=1, seeds=1):
+    rows = grid.table3_rows(",".join(r for r in results if "-seed" not in r), "cpu", base_seeds, seeds=seeds)
     info = grid.validate_rows(rows)
     launchers.write_manifest(str(workdir), grid="table3", scale="cpu", config_arg=None, rows=rows, info=info)
     for name, (ppl, bleu) in results.items():
@@ -93,7 +99,8 @@ def test_report_from_fake_results(tmp_path, capsys):
 def test_report_without_base_has_no_direction_table(tmp_path):
     _fake_sweep(tmp_path, {"A-heads1": (11.0, 18.0)})
     result = report.write_report(str(tmp_path))
-    assert len(_cells(result["markdown"], "A-heads1")) == 1  # the main table only
+    assert len(_cells(result["markdown"], "A-heads1")) == 2  # the main table and the seeds' band only
+    assert "### Direction of each change" not in result["markdown"]
     assert (tmp_path / "report.png").stat().st_size > 5_000
 
 
@@ -158,3 +165,70 @@ def test_noise_band_is_the_spread_of_the_base_seeds(tmp_path):
     assert "only the direction of each change against the base row" in markdown
     assert report.write_report(str(tmp_path))["markdown"] == markdown
     assert (tmp_path / "report.png").stat().st_size > 10_000
+
+
+def test_rows_beyond_the_paper_get_their_seed_band_and_no_paper_figures(tmp_path, monkeypatch):
+    """E+ rows: their seeds' band in the report and as error bars in the plot; nothing of the paper's
+    beside them; directions against the base row but never a verdict against the paper."""
+    _fake_sweep(tmp_path, {"base": (10.0, 20.0), "base-seed1": (10.4, 19.0), "base-seed2": (10.2, 21.0),
+                           "E-learned-pos": (10.1, 20.0), "E-learned-pos-seed1": (10.3, 20.4),
+                           "E+-rotary-pos": (9.0, 23.0), "E+-rotary-pos-seed1": (9.4, 22.0),
+                           "E+-no-pos": (14.0, 9.0), "E+-no-pos-seed1": (None, None)},
+                base_seeds=3, seeds=2)
+    bars = []  # what the plot draws: (heights, error bars) for the PPL axis, then the BLEU axis
+    real_bar = matplotlib.axes.Axes.bar
+
+    def recording_bar(ax, x, height, *args, **kwargs):
+        bars.append((list(height), kwargs.get("yerr")))
+        return real_bar(ax, x, height, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "bar", recording_bar)
+    markdown = report.write_report(str(tmp_path))["markdown"]
+    bands = {b["row"]: b for b in report.build_report(str(tmp_path))["bands"]}
+    assert list(bands) == ["base", "E-learned-pos", "E+-rotary-pos", "E+-no-pos"]
+    rotary = bands["E+-rotary-pos"]
+    assert (rotary["seeds"], rotary["dev_ppl_mean"], rotary["dev_ppl_min"], rotary["dev_ppl_max"]) == (
+        2, pytest.approx(9.2), 9.0, 9.4)
+    assert rotary["beyond_paper"] and rotary["paper_ppl"] is None and rotary["paper_bleu"] is None
+    assert bands["E+-no-pos"]["seeds"] == 1 and bands["E+-no-pos"]["runs"] == 2  # one seed not finished
+    # The band table: seeds, mean, band, the paper's (PPL then BLEU).
+    assert _cells(markdown, "E-learned-pos")[1][1:] == ["2 of 2", "10.20", "10.10-10.30", "4.92",
+                                                        "20.20", "20.00-20.40", "25.7"]
+    assert _cells(markdown, "E+-rotary-pos")[1][1:] == ["2 of 2", "9.20", "9.00-9.40", "beyond the paper",
+                                                        "22.50", "22.00-23.00", "beyond the paper"]
+    # Directions: E+-rotary-pos's mean PPL 9.2 is below the base band (10.0-10.4), BLEU 22.5 above it.
+    assert _cells(markdown, "E+-rotary-pos")[-1][2:] == [
+        "down (-9.8%)", "beyond the paper", "beyond the paper", "up (+2.50)", "beyond the paper",
+        "beyond the paper"]
+    assert _cells(markdown, "E-learned-pos")[-1][2:5] == ["within noise (+0.0%)", "flat (+0.0%)",
+                                                          "within noise"]
+    # The group counts compare with the paper: E+ rows are not in them.
+    assert not _cells(markdown, "E+") and _cells(markdown, "all")[0][1] == "1"
+    assert "E+-rotary-pos, E+-no-pos (group E+) are **beyond the paper**" in markdown
+    # No line of an E+ row carries a paper figure (base 4.92 / 25.8 / 65, row E's 4.92 / 25.7).
+    for line in markdown.splitlines():
+        if line.startswith("| E+-"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            assert not {"4.92", "25.8", "25.7", "65"} & set(cells), line
+    with open(tmp_path / "report.csv") as f:
+        rows = {r["row"]: r for r in csv.DictReader(f)}
+    assert rows["E+-rotary-pos-seed1"]["beyond_paper"] == "True" and rows["E+-rotary-pos"]["group"] == "E+"
+    assert rows["E+-rotary-pos"]["paper_ppl"] == rows["E+-rotary-pos"]["paper_bleu"] == ""
+    assert rows["E+-rotary-pos"]["ppl_verdict"] == "beyond the paper"
+    assert float(rows["E+-rotary-pos-seed1"]["dev_bleu_max"]) == 23.0
+    # The plot: one bar per row at its seeds' mean, error bars from its min to its max.
+    (ppl_heights, ppl_errors), (bleu_heights, bleu_errors) = bars
+    np.testing.assert_allclose(ppl_heights, [10.2, 10.2, 9.2, 14.0], atol=1e-9)
+    np.testing.assert_allclose(ppl_errors, [[0.2, 0.1, 0.2, 0.0], [0.2, 0.1, 0.2, 0.0]], atol=1e-9)
+    np.testing.assert_allclose(bleu_errors, [[1.0, 0.2, 0.5, 0.0], [1.0, 0.2, 0.5, 0.0]], atol=1e-9)
+    png = tmp_path / "report.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_evaluate_puts_no_paper_row_beside_a_row_beyond_the_paper():
+    config = table3.get_config("E+-alibi-pos,cpu")
+    run_config = build_run_config(config, environment=False)
+    table = paper_tables.paper_comparison_table(config.name, "dev", {"tokenized_bleu": 30.0, "ppl": 5.0},
+                                                run=run_config)
+    assert "Row 'E+-alibi-pos' is beyond the paper (ALiBi, Press et al. 2021)" in table
+    assert "25.7" not in table and "4.92" not in table

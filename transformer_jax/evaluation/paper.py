@@ -6,6 +6,10 @@ names and carry only what differs from the base row, as overrides in this packag
 ``d_ff``, ``num_heads`` for h, ``d_k``, ``d_v``, ``dropout_rate`` for P_drop, ``position_encoding``) and
 ``train`` holds ``config.train`` fields (``label_smoothing`` for eps_ls, ``num_steps``). The base row's model
 is ``ModelConfig``'s defaults (transformer_jax/model/config.py); its training values are ``BASE_TRAIN``.
+
+Apart from the paper's figures, ``TABLE3_BEYOND`` lists the rows this codebase adds to Table 3's row (E):
+other position schemes, group ``E+``. They carry no figures (the paper has none) and are not in ``TABLE3``
+or ``TABLE3_BY_NAME``, so nothing matches a run of them with a paper row.
 """
 
 from __future__ import annotations
@@ -84,6 +88,35 @@ TABLE3 = (
          train={"num_steps": 300_000}),
 )
 TABLE3_BY_NAME = {row.name: row for row in TABLE3}
+
+
+@dataclasses.dataclass(frozen=True)
+class BeyondTable3Row:
+    """A row beyond the paper, in Table 3's terms: one change against the base row, and no figures."""
+
+    name: str
+    group: str  # "E+"
+    model: dict[str, Any]  # ModelConfig fields that differ from the base row
+    source: str  # where the change comes from
+    train: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def num_steps(self) -> int:
+        return {**BASE_TRAIN, **self.train}["num_steps"]
+
+
+# Beyond the paper: row (E) with the position schemes that came after it. Not the paper's; no figures.
+TABLE3_BEYOND = (
+    BeyondTable3Row("E+-rotary-pos", "E+", {"position_encoding": "rotary"}, "RoPE, Su et al. 2021"),
+    BeyondTable3Row("E+-alibi-pos", "E+", {"position_encoding": "alibi"}, "ALiBi, Press et al. 2021"),
+    BeyondTable3Row("E+-relative-pos", "E+", {"position_encoding": "relative"},
+                    "relative positions, Shaw et al. 2018"),
+    BeyondTable3Row("E+-no-pos", "E+", {"position_encoding": "none"}, "no position information"),
+)
+TABLE3_BEYOND_BY_NAME = {row.name: row for row in TABLE3_BEYOND}
+# Every row a Table 3 sweep can run, in the order its report lists them: the paper's, with E+ after E.
+TABLE3_ALL = (*(r for r in TABLE3 if r.name != "big"), *TABLE3_BEYOND, TABLE3_BY_NAME["big"])
+TABLE3_ALL_BY_NAME = {row.name: row for row in TABLE3_ALL}
 
 EN_FR_DROPOUT = 0.1  # section 6.1: the EN-FR big model used P_drop = 0.1 instead of 0.3
 # The training recipe every row of Tables 2 and 3 shares (sections 5.1-5.4), as run-config fields.

@@ -121,6 +121,10 @@ def paper_comparison_table(config_name: str, split: str, results: Mapping[str, A
         table = "Table 2" if split == "test" else "Table 3"
         why = (f"The paper has no row for config {config_name!r} on split {split!r} ({table}, {test_set}); "
                "this run's numbers only.")
+        beyond = paper.TABLE3_BEYOND_BY_NAME.get(config_name.removeprefix("table3/"))
+        if beyond is not None:
+            why = (f"Row {beyond.name!r} is beyond the paper ({beyond.source}): Table 3 has no such row, so "
+                   "no paper figure stands beside it; this run's numbers only.")
         if differences:
             why = (f"This run is not the paper's {reference.source}, so it is not compared with it: "
                    f"{'; '.join(differences)}. This run's numbers only.")

@@ -1,6 +1,7 @@
 """Command line of the sweeps: ``python -m transformer_jax.sweep [launch|report|params] --flags``.
 
     python -m transformer_jax.sweep --grid table3 [--rows A,E] --scale multi30k --workdir runs/t3m
+    python -m transformer_jax.sweep --grid table3 --rows E,E+ --seeds 3 --scale cpu --workdir runs/t3e
     python -m transformer_jax.sweep --grid 'model.num_heads=1,4,8 model.dropout_rate=0.0,0.1' \\
         --config configs/default.py --workdir runs/heads --launcher print
     python -m transformer_jax.sweep report --workdir runs/table3
@@ -32,9 +33,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                         "'model.num_heads=1,4,8 model.dropout_rate=0.0,0.1' "
                         "(their cartesian product; values are parsed as the field's type).",
                         flag_values=flag_values)
-    flags.DEFINE_string("rows", None, "Table 3 only: comma-separated groups (base, A-E, big) and row names, "
-                        "e.g. A,E or C-dmodel256. Default: every row. The base row is added when missing.",
-                        flag_values=flag_values)
+    flags.DEFINE_string("rows", None, "Table 3 only: comma-separated groups (base, A-E, E+, big) and row "
+                        "names, e.g. A,E or C-dmodel256. E+ is beyond the paper: row E with the position "
+                        "schemes rotary, alibi, relative and none. Default: every row of the paper's "
+                        "Table 3. The base row is added when missing.", flag_values=flag_values)
     flags.DEFINE_string("scale", None, "Table 3 only: the scale of configs/table3.py the rows run at: "
                         "paper (default: WMT14 EN-DE as in the paper), multi30k (Multi30k EN-DE on 2 CPU "
                         "cores, ~6 min a row) or cpu (a synthetic task, ~2 min a row).",
@@ -42,9 +44,13 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_integer("base_seeds", 3, "Table 3 only: the base row runs with seeds 0 .. n-1 (rows base, "
                          "base-seed1, ...); a row's change counts as a direction only outside their spread.",
                          flag_values=flag_values)
+    flags.DEFINE_integer("seeds", 1, "Table 3 only: every row but base runs with seeds 0 .. n-1 (rows "
+                         "<row>, <row>-seed1, ...); the report gives each row its seeds' band.",
+                         flag_values=flag_values)
     flags.DEFINE_multi_string("override", [], "Table 3 only: key=value set on every row, as train.py's "
-                              "--config.key=value, e.g. --override=data.dir=data/multi30k (repeatable).",
-                              flag_values=flag_values)
+                              "--config.key=value, e.g. --override=data.dir=data/multi30k (repeatable). A "
+                              "field the rows set (Table 3's columns: N, d_model, ..., positions, steps) is "
+                              "refused.", flag_values=flag_values)
     flags.DEFINE_string("config", "configs/default.py", "Base config of a generic grid, path[:argument] "
                         "as train.py's --config (e.g. configs/table3.py:base,cpu).", flag_values=flag_values)
     flags.DEFINE_string("workdir", None, "Sweep directory, one sub-directory per row (default: runs/table3 "
@@ -90,10 +96,10 @@ def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
 
 def _rows(f: flags.FlagValues, rows: str | None) -> list[grid.Row]:
     if f.grid == "table3":
-        return grid.table3_rows(rows, f.scale or "paper", f.base_seeds, f.override)
-    if f.rows or f.scale or f.override:
-        raise ValueError("--rows, --scale and --override apply to --grid table3; a generic grid runs every "
-                         "combination of its items over --config (use --row_index for one)")
+        return grid.table3_rows(rows, f.scale or "paper", f.base_seeds, f.override, f.seeds)
+    if f.rows or f.scale or f.override or f.seeds != 1:
+        raise ValueError("--rows, --scale, --seeds and --override apply to --grid table3; a generic grid "
+                         "runs every combination of its items over --config (use --row_index for one)")
     return grid.parse_grid(f.grid, f.config)
 
 
@@ -138,8 +144,9 @@ def _run(command: str, f: flags.FlagValues) -> int:
     task = [python, "-m", "transformer_jax.sweep", f"--grid={f.grid}", f"--workdir={workdir}",
             "--launcher=local", f"--beam_size={beam_size}", f"--python={python}"]
     if f.grid == "table3":  # explicit names and seeds, so that array index i is row i
-        task += [f"--scale={scale}", f"--rows={','.join(r.name for r in rows if r.name == r.paper_row)}",
-                 f"--base_seeds={f.base_seeds}", *(f"--override={item}" for item in f.override)]
+        task += [f"--scale={scale}", f"--rows={','.join(r.name for r in rows if r.name == r.table3_row)}",
+                 f"--base_seeds={f.base_seeds}", f"--seeds={f.seeds}",
+                 *(f"--override={item}" for item in f.override)]
     else:
         task += [f"--config={config_arg}"]
     # Every row goes into the script, so that task i runs row i of the sweep the task rebuilds; the array

@@ -19,7 +19,7 @@ from transformer_jax.model.config import param_count
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TABLE3_CONFIG = "configs/table3.py"
-TABLE3_GROUPS = tuple(dict.fromkeys(row.group for row in paper.TABLE3))  # base, A, ..., E, big
+TABLE3_GROUPS = tuple(dict.fromkeys(row.group for row in paper.TABLE3_ALL))  # base, A, ..., E, E+, big
 # A row's name is its folder's name. Filesystems take 255 bytes a name; beyond this many, or with a "/",
 # a generic grid's row is named by the items that vary and a hash of the whole name.
 MAX_ROW_NAME_BYTES = 200
@@ -37,7 +37,13 @@ class Row:
     config_arg: str
     overrides: tuple[tuple[str, Any], ...] = ()
     changes: tuple[tuple[str, Any], ...] = ()
-    paper_row: str | None = None  # the Table 3 row this one reproduces
+    paper_row: str | None = None  # the paper's Table 3 row this one reproduces
+    table3_row: str | None = None  # the row of configs/table3.py it runs: the paper's, or one beyond it (E+)
+
+    @property
+    def beyond_paper(self) -> bool:
+        """A Table 3 sweep's row that the paper does not have (group E+): no figures to compare with."""
+        return self.table3_row is not None and self.paper_row is None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -94,52 +100,92 @@ def validate_rows(rows: Sequence[Row]) -> dict[str, dict[str, Any]]:
 # Table 3 rows.
 
 
-def select_table3_rows(selection: str | None) -> list[paper.Table3Row]:
-    """``"A,E"``, ``"base,C-dmodel256"``...: groups (base, A-E, big) and row names, in Table 3 order."""
+def select_table3_rows(selection: str | None) -> list[paper.Table3Row | paper.BeyondTable3Row]:
+    """``"A,E"``, ``"base,C-dmodel256"``, ``"E,E+"``...: groups (base, A-E, E+, big) and row names, in
+    Table 3 order (E+ after E). No selection: every row of the paper's Table 3 (E+ only when named)."""
     if not selection:
         return list(paper.TABLE3)
     chosen = set()
     for token in (t.strip() for t in selection.split(",")):
         if token in TABLE3_GROUPS:
-            chosen.update(r.name for r in paper.TABLE3 if r.group == token)
-        elif token in paper.TABLE3_BY_NAME:
+            chosen.update(r.name for r in paper.TABLE3_ALL if r.group == token)
+        elif token in paper.TABLE3_ALL_BY_NAME:
             chosen.add(token)
         else:
+            names = ", ".join(r.name for r in paper.TABLE3_ALL)
             raise ValueError(f"unknown Table 3 row or group {token!r} in --rows={selection!r}; groups: "
-                             f"{', '.join(TABLE3_GROUPS)}; rows: {', '.join(r.name for r in paper.TABLE3)}")
-    return [r for r in paper.TABLE3 if r.name in chosen]
+                             f"{', '.join(TABLE3_GROUPS)}; rows: {names}")
+    return [r for r in paper.TABLE3_ALL if r.name in chosen]
 
 
 def table3_config_arg(row: str, scale: str) -> str:
     return f"{TABLE3_CONFIG}:{row},{scale}"
 
 
+def table3_row_fields(scale: str) -> set[str]:
+    """The dotted config fields every Table 3 row sets at ``scale``, which make the row that row.
+
+    Table 3's columns (N, d_model, d_ff, h, d_k, d_v, P_drop, eps_ls, train steps, and row E's positions):
+    each row sets them, to its own value or the base row's. At paper scale also what ``paper.row_fields``
+    fixes for every row: the training recipe, the vocabulary, the language pair.
+    """
+    fields = {f"model.{name}" for row in paper.TABLE3_ALL for name in row.model}
+    fields |= {f"train.{name}" for name in paper.BASE_TRAIN}
+    if scale == "paper":
+        fields |= set(paper.row_fields("base"))
+    return fields
+
+
 def table3_rows(selection: str | None, scale: str, base_seeds: int = 1,
-                overrides: Sequence[str] = ()) -> list[Row]:
+                overrides: Sequence[str] = (), seeds: int = 1) -> list[Row]:
     """The selected rows at ``scale``; a row's changes are the model and train fields it sets there.
 
     With ``base_seeds`` > 1 the base row (when selected) runs again with seeds 1 .. base_seeds - 1, as
-    rows ``base-seed<k>`` right after it: their spread is the noise band of the report. ``overrides``
-    (``"data.dir=data/multi30k"``...) are set on every row, typed as config_flags types them.
+    rows ``base-seed<k>`` right after it: their spread is the noise band of the report. ``seeds`` does
+    the same for every other row (``<row>-seed<k>``): the report gives each row its seeds' band.
+    ``overrides`` (``"data.dir=data/multi30k"``...) are set on every row, typed as config_flags types
+    them. An override of a field the rows set (``table3_row_fields``, or ``seed`` beside seed rows) is
+    refused: the run would not be the row it is named and reported as.
     """
-    if base_seeds < 1:
-        raise ValueError(f"--base_seeds must be at least 1, got {base_seeds}")
+    for flag, value in (("--base_seeds", base_seeds), ("--seeds", seeds)):
+        if value < 1:
+            raise ValueError(f"{flag} must be at least 1, got {value}")
     base_config_arg = table3_config_arg("base", scale)
     common = tuple(_parse_override(base_config_arg, item) for item in overrides)
+    _check_overrides(common, scale, seeded=base_seeds > 1 or seeds > 1)
     base = _flat_sections(load_config(base_config_arg)[0])
     rows = []
-    for paper_row in select_table3_rows(selection):
-        config_arg = table3_config_arg(paper_row.name, scale)
+    for table3_row in select_table3_rows(selection):
+        name = table3_row.name
+        config_arg = table3_config_arg(name, scale)
         values = _flat_sections(load_config(config_arg)[0])
-        order = [*paper_row.model, *paper_row.train]  # as the paper's row lists them
+        order = [*table3_row.model, *table3_row.train]  # as the paper's row lists them
         changed = sorted((k for k, v in values.items() if v != base[k]),
                          key=lambda k: order.index(k) if k in order else len(order))
         changes = tuple((key, values[key]) for key in changed)
-        rows.append(Row(paper_row.name, config_arg, common, changes, paper_row.name))
-        if paper_row.name == "base":
-            rows.extend(Row(f"base-seed{seed}", base_config_arg, (*common, ("seed", seed)), (("seed", seed),),
-                            "base") for seed in range(1, base_seeds))
+        paper_row = name if name in paper.TABLE3_BY_NAME else None
+        rows.append(Row(name, config_arg, common, changes, paper_row, name))
+        rows.extend(Row(f"{name}-seed{seed}", config_arg, (*common, ("seed", seed)),
+                        (*changes, ("seed", seed)), paper_row, name)
+                    for seed in range(1, base_seeds if name == "base" else seeds))
     return rows
+
+
+def _check_overrides(overrides: Sequence[tuple[str, Any]], scale: str, *, seeded: bool) -> None:
+    """Refuses, in one line, an override of a field the Table 3 rows set (the first one found)."""
+    fields = table3_row_fields(scale) | ({"seed"} if seeded else set())
+    for key, value in overrides:
+        if key not in fields:
+            continue
+        if key == "seed":
+            raise ValueError(f"--override={key}={format_value(value)} conflicts with the rows' own seeds "
+                             "(--base_seeds, --seeds); set --base_seeds=1 --seeds=1 to run every row "
+                             "with one seed of your choice")
+        raise ValueError(
+            f"--override={key}={format_value(value)} changes a field every Table 3 row sets at {scale} "
+            "scale, so the runs would not be the rows they are named and reported as; choose the rows "
+            "that have the value (e.g. --rows E,E+ for the position schemes), or sweep it as a generic grid: "
+            f"--grid '{key}={format_value(value)}' --config {table3_config_arg('base', scale)}")
 
 
 def _parse_override(config_arg: str, item: str) -> tuple[str, Any]:

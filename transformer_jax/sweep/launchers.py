@@ -274,7 +274,8 @@ def launch_print(rows: Sequence[Row], info: dict, workdir: str, *, beam_size: in
         row_dir = os.path.join(workdir, row.name)
         paper_params = paper.TABLE3_BY_NAME[row.paper_row].params_millions if row.paper_row else None
         print(f"# {row.name}: {describe(row)}; {info[row.name]['params']:,} parameters"
-              + (f" (paper x10^6: {paper_params or '—'})" if row.paper_row else ""))
+              + (f" (paper x10^6: {paper_params or '—'})" if row.paper_row else "")
+              + (" (beyond the paper)" if row.beyond_paper else ""))
         print(f"{shlex.join(train_command(row, row_dir, python))} && "
               f"{shlex.join(evaluate_command(row_dir, python, beam_size))}")
 
@@ -311,6 +312,11 @@ def launch_slurm(rows: Sequence[Row], workdir: str, argv_for_task: list[str], *,
 # The manifest: what a workdir's sweep is.
 
 
+def table3_row(entry: dict) -> str | None:
+    """The configs/table3.py row a manifest entry runs (manifests written before E+ name only the paper's)."""
+    return entry.get("table3_row") or entry.get("paper_row")
+
+
 def write_manifest(workdir: str, *, grid: str, scale: str | None, config_arg: str | None,
                    rows: Sequence[Row], info: dict) -> dict:
     """Writes (or extends) ``<workdir>/sweep.json``; refuses a workdir that holds a different sweep."""
@@ -329,10 +335,11 @@ def write_manifest(workdir: str, *, grid: str, scale: str | None, config_arg: st
         if row.name not in known:
             manifest["rows"].append({
                 "name": row.name, "config_arg": row.config_arg, "changes": dict(row.changes),
-                "paper_row": row.paper_row, **info[row.name]})
-    if grid == "table3":  # Table 3 order; a base row's extra seeds right after it
-        order = {r.name: i for i, r in enumerate(paper.TABLE3)}
-        manifest["rows"].sort(key=lambda r: (order[r["paper_row"]], r["name"] != r["paper_row"], r["name"]))
+                "paper_row": row.paper_row, "table3_row": row.table3_row, "beyond_paper": row.beyond_paper,
+                **info[row.name]})
+    if grid == "table3":  # Table 3 order (E+ after E); a row's extra seeds right after it
+        order = {r.name: i for i, r in enumerate(paper.TABLE3_ALL)}
+        manifest["rows"].sort(key=lambda r: (order[table3_row(r)], r["name"] != table3_row(r), r["name"]))
     os.makedirs(workdir, exist_ok=True)
     text = json.dumps(manifest, indent=1)
     if _read_text(path) != text:  # SLURM array tasks all write the same manifest

@@ -4,6 +4,9 @@ For Table 3 sweeps, each row sits beside the paper's row, and the direction of e
 base row (PPL and BLEU up or down) is compared with the paper's. The base row's seeds (``base``,
 ``base-seed1``, ...) give the noise band: a row whose value lies within the seeds' range (min to max) is
 "within noise", not a direction. With one seed, the band is the base value +- the tolerances below.
+Every row gets its own seeds' band (``--seeds``: mean, min and max), and a row with several seeds is
+compared by its mean. Rows beyond the paper (group E+) have no paper figures: nothing of the paper
+stands beside them, and their directions are not compared with the paper's.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from transformer_jax.sweep.launchers import (
     latest_dev_eval,
     read_result,
     result_from,
+    table3_row,
 )
 
 # Below these a change counts as "flat" in the paper's printed figures (and is the noise band of a sweep
@@ -40,6 +44,7 @@ PROTOCOL_NAMES = {"tokenized": "tokenized BLEU (the paper's protocol)",
                   "sacrebleu": "sacreBLEU (13a, cased)"}
 # Below this base-row BLEU the models do not translate yet and BLEU directions are not compared.
 MIN_BASE_BLEU = 1.0
+BEYOND = "beyond the paper"  # what stands in the paper's columns of an E+ row
 
 
 def _paper_params(row: Row | dict) -> int | None:
@@ -118,15 +123,24 @@ def _load_results(workdir: str) -> tuple[dict, list[dict], list[str]]:
 
 
 def build_report(workdir: str) -> dict[str, Any]:
-    """Markdown, CSV rows and the per-row comparison of a sweep workdir (nothing written)."""
+    """Markdown, CSV rows and the per-row comparison of a sweep workdir (nothing written).
+
+    Returns ``rows`` (one per run, as report.csv), ``bands`` (Table 3: one per row, over its finished
+    seeds), ``noise`` (the base row's band), ``manifest``, ``warnings`` and ``markdown``.
+    """
     manifest, records, warnings = _load_results(workdir)
     is_table3 = manifest["grid"] == "table3"
     scale = manifest["scale"]
-    seeds = [r["result"] for r in records if r.get("paper_row") == "base" and r["result"]]
-    base = None
-    if is_table3 and seeds:  # the seeds' mean, and their spread as the noise band
-        base = {kind: float(np.mean([s[f"dev_{kind}"] for s in seeds])) for kind in ("ppl", "bleu")}
-        bands = {kind: noise_band([s[f"dev_{kind}"] for s in seeds], kind) for kind in ("ppl", "bleu")}
+    bands = seed_bands(records) if is_table3 else []
+    base_band = next((b for b in bands if b["row"] == "base" and b["seeds"]), None)
+    base, limits = None, None
+    if base_band:  # the seeds' mean, and their spread as the noise band
+        base = {kind: base_band[f"dev_{kind}_mean"] for kind in ("ppl", "bleu")}
+        limits = {kind: noise_band(base_band[f"dev_{kind}_values"], kind) for kind in ("ppl", "bleu")}
+        for band in bands:
+            if band["row"] != "base" and band["seeds"]:
+                band.update(_compare(band, base, limits))
+    by_row = {b["row"]: b for b in bands}
     csv_rows = []
     for r in records:
         res = r["result"] or {}
@@ -136,31 +150,78 @@ def build_report(workdir: str) -> dict[str, Any]:
                 "num_steps": r["num_steps"], "wall_seconds": res.get("wall_seconds"),
                 "status": "done" if res else "not finished"}
         if is_table3:
-            p = paper.TABLE3_BY_NAME[r["paper_row"]]
-            item.update(group=p.group, paper_params_millions=p.params_millions, paper_ppl=p.ppl_dev,
-                        paper_bleu=p.bleu_dev)
+            band = by_row[table3_row(r)]
+            item.update(table3_row=band["row"], group=band["group"], beyond_paper=band["beyond_paper"],
+                        paper_params_millions=band["paper_params_millions"], paper_ppl=band["paper_ppl"],
+                        paper_bleu=band["paper_bleu"])
             if scale != "paper":
-                item["params_at_paper_scale"] = paper_scale_params(r["paper_row"])
-            if base and res and r.get("paper_row") != "base":
-                pb = paper.TABLE3_BY_NAME["base"]
-                for kind, ours, theirs, theirs_base in (("ppl", res["dev_ppl"], p.ppl_dev, pb.ppl_dev),
-                                                        ("bleu", res["dev_bleu"], p.bleu_dev, pb.bleu_dev)):
-                    item[f"{kind}_vs_base"] = band_direction(ours, bands[kind])
-                    item[f"paper_{kind}_vs_base"] = direction(theirs, theirs_base, kind)
-                    item[f"{kind}_verdict"] = verdict(item[f"{kind}_vs_base"], item[f"paper_{kind}_vs_base"])
-                    if kind == "bleu" and base["bleu"] < MIN_BASE_BLEU:
-                        item["bleu_verdict"] = "not compared"  # no row translates yet
-                    item[f"{kind}_delta"] = _delta(ours, base[kind], kind)
-                    item[f"paper_{kind}_delta"] = _delta(theirs, theirs_base, kind)
+                item["params_at_paper_scale"] = paper_scale_params(band["row"])
+            item.update({k: band[k] for k in BAND_KEYS})
+            if r["name"] == band["row"]:  # the row's directions, once (from its seeds' mean)
+                item.update({k: v for k, v in band.items() if k.endswith(DIRECTION_SUFFIXES)})
         csv_rows.append(item)
     noise = None
     if base:
-        noise = {"seeds": len(seeds), **{f"base_{kind}": base[kind] for kind in base},
-                 **{f"{kind}_band": bands[kind] for kind in bands}}
+        noise = {"seeds": base_band["seeds"], **{f"base_{kind}": base[kind] for kind in base},
+                 **{f"{kind}_band": limits[kind] for kind in limits}}
     protocol = next((r["result"].get("bleu_protocol") for r in records if r["result"]), None)
-    markdown = _markdown(manifest, csv_rows, noise, protocol or "tokenized", warnings)
-    return {"markdown": markdown, "rows": csv_rows, "manifest": manifest, "noise": noise,
+    markdown = _markdown(manifest, csv_rows, noise, protocol or "tokenized", warnings, bands)
+    return {"markdown": markdown, "rows": csv_rows, "bands": bands, "manifest": manifest, "noise": noise,
             "warnings": warnings}
+
+
+# A row's band in report.csv (on each of its runs) and its directions (on the run named as the row).
+BAND_KEYS = ("seeds", "dev_ppl_mean", "dev_ppl_min", "dev_ppl_max", "dev_bleu_mean", "dev_bleu_min",
+             "dev_bleu_max")
+DIRECTION_SUFFIXES = ("_vs_base", "_verdict", "_delta")
+
+
+def seed_bands(records: Sequence[dict]) -> list[dict[str, Any]]:
+    """One entry per Table 3 row of the sweep, in its order: the row's finished seeds' dev PPL and BLEU
+    (values, mean, min, max; None when none finished) and the paper's figures (None beyond the paper)."""
+    runs: dict[str, list[dict]] = {}
+    for r in records:
+        runs.setdefault(table3_row(r), []).append(r)
+    bands = []
+    for name, members in runs.items():
+        done = [m["result"] for m in members if m["result"]]
+        row = paper.TABLE3_ALL_BY_NAME[name]
+        figures = paper.TABLE3_BY_NAME.get(name)  # None beyond the paper
+        band = {"row": name, "group": row.group, "beyond_paper": figures is None, "runs": len(members),
+                "seeds": len(done), "changes": _changes_text(next(
+                    (m["changes"] for m in members if m["name"] == name), members[0]["changes"])),
+                "paper_params_millions": None if figures is None else figures.params_millions,
+                "paper_ppl": None if figures is None else figures.ppl_dev,
+                "paper_bleu": None if figures is None else figures.bleu_dev}
+        for kind in ("ppl", "bleu"):
+            values = [float(d[f"dev_{kind}"]) for d in done]
+            band[f"dev_{kind}_values"] = values
+            band[f"dev_{kind}_mean"] = float(np.mean(values)) if values else None
+            band[f"dev_{kind}_min"] = min(values) if values else None
+            band[f"dev_{kind}_max"] = max(values) if values else None
+        bands.append(band)
+    return bands
+
+
+def _compare(band: dict, base: dict[str, float], limits: dict[str, tuple[float, float]]) -> dict[str, Any]:
+    """A row's directions against the base row (its seeds' mean against the base band) and the paper's."""
+    out: dict[str, Any] = {}
+    pb = paper.TABLE3_BY_NAME["base"]
+    for kind in ("ppl", "bleu"):
+        ours = band[f"dev_{kind}_mean"]
+        out[f"{kind}_vs_base"] = band_direction(ours, limits[kind])
+        out[f"{kind}_delta"] = _delta(ours, base[kind], kind)
+        if band["beyond_paper"]:
+            out[f"paper_{kind}_vs_base"] = out[f"{kind}_verdict"] = BEYOND
+            out[f"paper_{kind}_delta"] = None
+            continue
+        theirs, theirs_base = band[f"paper_{kind}"], getattr(pb, f"{kind}_dev")
+        out[f"paper_{kind}_vs_base"] = direction(theirs, theirs_base, kind)
+        out[f"{kind}_verdict"] = verdict(out[f"{kind}_vs_base"], out[f"paper_{kind}_vs_base"])
+        if kind == "bleu" and base["bleu"] < MIN_BASE_BLEU:
+            out["bleu_verdict"] = "not compared"  # no row translates yet
+        out[f"paper_{kind}_delta"] = _delta(theirs, theirs_base, kind)
+    return out
 
 
 def _delta(value: float, base: float, kind: str) -> float:
@@ -173,7 +234,7 @@ def _changes_text(changes: dict) -> str:
 
 
 def _markdown(manifest: dict, rows: list[dict], noise: dict | None, protocol: str,
-              warnings: Sequence[str] = ()) -> str:
+              warnings: Sequence[str] = (), bands: Sequence[dict] = ()) -> str:
     is_table3, scale = manifest["grid"] == "table3", manifest["scale"]
     done = [r for r in rows if r["status"] == "done"]
     out = [f"**Warning:** {w}\n" for w in warnings]
@@ -205,7 +266,8 @@ def _markdown(manifest: dict, rows: list[dict], noise: dict | None, protocol: st
             paper_params = _fmt(r["paper_params_millions"], "d")
             second = (_fmt(r["params_at_paper_scale"] / 1e6, ".1f") if scale != "paper"
                       else _fmt(r["params"] / 1e6, ".1f"))
-            cells = [r["row"], r["changes"], f"{r['params']:,}", second, paper_params,
+            changes = r["changes"] + (f" ({BEYOND})" if r["beyond_paper"] else "")
+            cells = [r["row"], changes, f"{r['params']:,}", second, paper_params,
                      _fmt(r["dev_ppl"]), _fmt(r["paper_ppl"]), _fmt(r["dev_bleu"]),
                      _fmt(r["paper_bleu"], ".1f"), steps, wall]
         else:
@@ -216,9 +278,33 @@ def _markdown(manifest: dict, rows: list[dict], noise: dict | None, protocol: st
         out.append(f"\nWall time, all finished rows (training and evaluation, every attempt): "
                    f"{_duration(sum(walls))}.")
     if is_table3:
+        beyond = [b["row"] for b in bands if b["beyond_paper"]]
+        if beyond:
+            out.append(f"\nRows {', '.join(beyond)} (group E+) are **{BEYOND}**: row E with position schemes "
+                       "that came after it. Table 3 has no such rows, so no paper figure stands beside them "
+                       "and their directions are not compared with the paper's.")
         out.append("")
-        out.extend(_direction_section(rows, noise))
+        out.extend(_band_section(bands))
+        out.append("")
+        out.extend(_direction_section(bands, noise))
     return "\n".join(out) + "\n"
+
+
+def _band_section(bands: Sequence[dict]) -> list[str]:
+    """Each row over its finished seeds: mean and min-max of dev PPL and BLEU, beside the paper's."""
+    out = ["### Each row over its seeds\n",
+           "The band is the range (min to max) of the row's finished seeds (`--base_seeds` for the base "
+           "row, `--seeds` for the others); one seed has no band.\n",
+           "| row | seeds | dev PPL | PPL band | paper PPL | dev BLEU | BLEU band | paper BLEU |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for b in bands:
+        cells = [b["row"], f"{b['seeds']} of {b['runs']}"]
+        for kind, digits in (("ppl", ".2f"), ("bleu", ".1f")):
+            spread = (f"{b[f'dev_{kind}_min']:.2f}-{b[f'dev_{kind}_max']:.2f}" if b["seeds"] > 1 else "—")
+            theirs = BEYOND if b["beyond_paper"] else _fmt(b[f"paper_{kind}"], digits)
+            cells += [_fmt(b[f"dev_{kind}_mean"]), spread, theirs]
+        out.append("| " + " | ".join(cells) + " |")
+    return out
 
 
 def _scale_summary(scale: str) -> str:
@@ -232,11 +318,11 @@ def _scale_summary(scale: str) -> str:
             "see configs/table3.py")
 
 
-def _direction_section(rows: list[dict], noise: dict | None) -> list[str]:
+def _direction_section(bands: Sequence[dict], noise: dict | None) -> list[str]:
     if noise is None:
         return ["No finished base row: the direction of each change cannot be compared "
                 "(add `--rows base`)."]
-    compared = [r for r in rows if "ppl_vs_base" in r]
+    compared = [r for r in bands if "ppl_vs_base" in r]
     if not compared:
         return ["Only the base row has finished; nothing to compare with it yet."]
     (ppl_low, ppl_high), (bleu_low, bleu_high) = noise["ppl_band"], noise["bleu_band"]
@@ -249,17 +335,21 @@ def _direction_section(rows: list[dict], noise: dict | None) -> list[str]:
                 "(run the sweep with --base_seeds=3 for a measured band)")
     out = ["### Direction of each change against the base row\n",
            f"A row's change is a direction only outside the noise band, {band}; otherwise it is 'within "
-           f"noise'. The paper's direction is 'flat' within {PPL_TOLERANCE:.0%} PPL or {BLEU_TOLERANCE} "
-           "BLEU of its base row.\n",
+           f"noise'. A row with several seeds is compared by their mean. The paper's direction is 'flat' "
+           f"within {PPL_TOLERANCE:.0%} PPL or {BLEU_TOLERANCE} BLEU of its base row.\n",
            "| row | changes | PPL vs base | paper | | BLEU vs base | paper | |",
            "|---|---|---|---|---|---|---|---|"]
     for r in compared:
+        paper_ppl, paper_bleu = (BEYOND, BEYOND) if r["beyond_paper"] else (
+            f"{r['paper_ppl_vs_base']} ({r['paper_ppl_delta']:+.1f}%)",
+            f"{r['paper_bleu_vs_base']} ({r['paper_bleu_delta']:+.1f})")
         out.append(
             f"| {r['row']} | {r['changes']} "
-            f"| {r['ppl_vs_base']} ({r['ppl_delta']:+.1f}%) | {r['paper_ppl_vs_base']} "
-            f"({r['paper_ppl_delta']:+.1f}%) | {r['ppl_verdict']} "
-            f"| {r['bleu_vs_base']} ({r['bleu_delta']:+.2f}) | {r['paper_bleu_vs_base']} "
-            f"({r['paper_bleu_delta']:+.1f}) | {r['bleu_verdict']} |")
+            f"| {r['ppl_vs_base']} ({r['ppl_delta']:+.1f}%) | {paper_ppl} | {r['ppl_verdict']} "
+            f"| {r['bleu_vs_base']} ({r['bleu_delta']:+.2f}) | {paper_bleu} | {r['bleu_verdict']} |")
+    compared = [r for r in compared if not r["beyond_paper"]]  # nothing of the paper to agree with
+    if not compared:
+        return out
     out += ["\nBy group (rows whose direction agrees with the paper's / differs / lies within noise):\n",
             "| group | rows | PPL: agree | differ | within noise | BLEU: agree | differ | within noise |",
             "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -302,12 +392,14 @@ def write_report(workdir: str) -> dict[str, str]:
 # verdict -> (bar color, legend text)
 VERDICT_STYLES = {"agrees": ("tab:green", "agrees with the paper"),
                   "differs": ("tab:red", "differs from the paper"),
-                  "within noise": ("tab:gray", "within noise"), "not compared": ("lightgray", "not compared")}
+                  "within noise": ("tab:gray", "within noise"), "not compared": ("lightgray", "not compared"),
+                  BEYOND: ("tab:purple", f"{BEYOND} (E+): no paper figures")}
 
 
 def _plot(report: dict, path: str) -> None:
-    """Table 3 with a base row: each row's dev PPL and BLEU, the base seeds' noise band shaded, bars
-    colored by the verdict against the paper. Otherwise each row's absolute values."""
+    """Table 3: one bar per row, its seeds' mean dev PPL and BLEU with their band (min to max) as error
+    bars, the base seeds' noise band shaded, bars colored by the verdict against the paper, rows beyond
+    the paper hatched. A generic grid: each row's values."""
     # Imported here: matplotlib is heavy and only the report's plot needs it.
     import matplotlib
 
@@ -315,31 +407,49 @@ def _plot(report: dict, path: str) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    rows = [r for r in report["rows"] if r["status"] == "done"]
+    is_table3 = report["manifest"]["grid"] == "table3"
+    if is_table3:
+        bars = [{"row": b["row"], **{f"dev_{k}": b[f"dev_{k}_mean"] for k in ("ppl", "bleu")}, **b}
+                for b in report["bands"] if b["seeds"]]
+    else:
+        bars = [r for r in report["rows"] if r["status"] == "done"]
     noise = report["noise"]
-    fig, axes = plt.subplots(1, 2, figsize=(max(8, 0.7 * max(len(rows), 1) + 4), 4.5))
-    x = np.arange(len(rows))
+    fig, axes = plt.subplots(1, 2, figsize=(max(8, 0.7 * max(len(bars), 1) + 4), 4.5))
+    x = np.arange(len(bars))
     for ax, kind, label in ((axes[0], "ppl", "dev PPL"), (axes[1], "bleu", "dev BLEU")):
         colors = [VERDICT_STYLES[r[f"{kind}_verdict"]][0] if f"{kind}_verdict" in r else "tab:blue"
-                  for r in rows]
-        ax.bar(x, [r[f"dev_{kind}"] for r in rows], color=colors)
+                  for r in bars]
+        values = [r[f"dev_{kind}"] for r in bars]
+        errors = None
+        if is_table3:  # the band: mean - min below, max - mean above
+            errors = np.array([[r[f"dev_{kind}"] - r[f"dev_{kind}_min"] for r in bars],
+                               [r[f"dev_{kind}_max"] - r[f"dev_{kind}"] for r in bars]]).reshape(2, len(bars))
+        drawn = ax.bar(x, values, color=colors, yerr=errors, capsize=3 if is_table3 else 0,
+                       error_kw={"ecolor": "black", "elinewidth": 1})
+        for patch, r in zip(drawn, bars, strict=True):
+            if r.get("beyond_paper"):
+                patch.set_hatch("//")
+                patch.set_edgecolor("white")
         if noise:
             low, high = noise[f"{kind}_band"]
             ax.axhspan(low, high, color="tab:blue", alpha=0.2, label="noise band (base seeds)")
-            values = [r[f"dev_{kind}"] for r in rows]
-            margin = max(high - low, 0.02 * max(values))
-            ax.set_ylim(max(0.0, min(values + [low]) - 3 * margin), max(values + [high]) + 3 * margin)
-        ax.set_xticks(x, [r["row"] for r in rows], rotation=60, ha="right", fontsize=8)
-        ax.set_title(label)
+            tops = [r[f"dev_{kind}_max"] for r in bars] + [high]
+            bottoms = [r[f"dev_{kind}_min"] for r in bars] + [low]
+            margin = max(high - low, 0.02 * max(tops))
+            ax.set_ylim(max(0.0, min(bottoms) - 3 * margin), max(tops) + 3 * margin)
+        ax.set_xticks(x, [r["row"] for r in bars], rotation=60, ha="right", fontsize=8)
+        seeds_note = " (the row's seeds: mean; error bars: min to max)" if is_table3 else ""
+        ax.set_title(label + seeds_note, fontsize=9)
     if noise:
         handles = [Patch(color="tab:blue", alpha=0.2, label=f"noise band ({noise['seeds']} base seeds)"),
                    Patch(color="tab:blue", label="base seeds"),
-                   *(Patch(color=color, label=text) for color, text in VERDICT_STYLES.values())]
-        fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
+                   *(Patch(facecolor=color, label=text, hatch="//" if text.startswith(BEYOND) else None,
+                           edgecolor="white") for color, text in VERDICT_STYLES.values())]
+        fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8, frameon=False)
     scale = report["manifest"]["scale"]
     fig.suptitle(f"Table 3, {scale} scale: each row against the base row's noise band" if noise
                  else f"Sweep: {report['manifest']['grid']}")
-    fig.tight_layout(rect=(0.0, 0.06 if noise else 0.0, 1.0, 1.0))  # room for the legend below
+    fig.tight_layout(rect=(0.0, 0.1 if noise else 0.0, 1.0, 1.0))  # room for the legend below
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
