@@ -5,6 +5,7 @@ one entry; a truncated or altered file is found by its size or SHA-256 and the e
 warning; a root where nothing can be written falls back to the given folder and says so.
 """
 
+import errno
 import fcntl
 import json
 import logging
@@ -510,3 +511,36 @@ def test_a_text_corpus_keeps_its_hashes_in_the_cache(tmp_path, monkeypatch, read
     first = corpus.fingerprint()
     _new_process(monkeypatch, reads)
     assert corpus.fingerprint() == first and reads == []
+
+
+# ----------------------------------------------------------------------------- shared filesystems
+
+
+def test_a_filesystem_without_file_locks_is_one_line(tmp_path, monkeypatch):
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))  # NFS mounted with nolock
+
+    monkeypatch.setattr(disk_cache.fcntl, "flock", no_locks)
+    with pytest.raises(disk_cache.CacheError) as info:
+        disk_cache.open_or_build(tmp_path, "kind", SPEC, _build("hello"), fallback=None, what="the entry")
+    message = str(info.value)
+    assert message.startswith(f"cannot lock {tmp_path / 'kind' / disk_cache.spec_key(SPEC)}.lock: the ")
+    assert "does not support file locks" in message and "-o flock" in message and "\n" not in message
+
+
+def test_an_entry_another_node_made_meanwhile_is_used(tmp_path):
+    """Where a lock holds only within a node (NFS with local_lock=flock), two nodes may build at once:
+    the second to finish reads the first's entry instead of failing at the rename."""
+    entry = tmp_path / "cache" / "kind" / disk_cache.spec_key(SPEC)
+
+    def build(folder):
+        other, _ = disk_cache.open_or_build(tmp_path / "node2", "kind", SPEC, _build("by node 2"),
+                                            fallback=None, what="the entry")
+        shutil.copytree(other, entry)
+        (folder / "payload.bin").write_text("by node 1")
+        return {}
+
+    got, manifest = disk_cache.open_or_build(tmp_path / "cache", "kind", SPEC, build, fallback=None,
+                                             what="the entry")
+    assert got == entry and (entry / "payload.bin").read_text() == "by node 2" and manifest["spec"] == SPEC
+    assert not list(entry.parent.glob("*.tmp-*"))

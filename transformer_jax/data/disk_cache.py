@@ -285,6 +285,11 @@ def _try_lock(fd: int, path: Path) -> bool:
     except BlockingIOError:
         return False
     except OSError as e:
+        if e.errno in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise CacheError(f"cannot lock {path}: {disk.describe_filesystem(str(path), space=False)} does "
+                             f"not support file locks ({e.strerror}); mount it with locks (NFS: without "
+                             "'nolock'; Lustre: with '-o flock') or set config.data.cache_dir (or "
+                             f"${CACHE_ENV}) to a folder on another filesystem") from None
         if e.errno != errno.EBADF:
             raise
         raise CacheError(f"cannot lock {path}: it belongs to another user and cannot be written by you, and "
@@ -474,7 +479,16 @@ def open_or_build(root: Path, kind: str, spec: Mapping[str, Any],
             tmp.mkdir()
             try:
                 manifest = _build_entry(tmp, spec, build, index)
-                tmp.rename(entry)
+                try:
+                    tmp.rename(entry)
+                except OSError as e:  # made meanwhile where the lock holds only within a node
+                    whole = None
+                    if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                        whole, _ = _read_manifest(entry, spec, what, index)
+                    if whole is None:
+                        raise
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    manifest = whole
             except Exception:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
