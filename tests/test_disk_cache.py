@@ -163,6 +163,7 @@ def test_an_unwritable_root_falls_back_to_the_given_folder_and_says_so(tmp_path,
     assert (
         f"The data cache {root / 'kind'} is not writable" in warning and str(tmp_path / "workdir") in warning
     )
+    assert f"({tmp_path / 'a_file'} is a file, not a folder)" in warning
     with pytest.raises(disk_cache.CacheError, match="set config.data.cache_dir"):
         disk_cache.open_or_build(root, "kind", SPEC, _build("hello"), fallback=None, what="the entry")
 

@@ -401,8 +401,9 @@ def _writable(folder: Path) -> str | None:
         probe = folder / f".write-test-{os.getpid()}"
         probe.touch()
         probe.unlink()
-    except (FileExistsError, NotADirectoryError) as e:
-        return f"{e.filename or folder} is a file, not a folder"
+    except (FileExistsError, NotADirectoryError):
+        file = next((p for p in (folder, *folder.parents) if os.path.lexists(p) and not p.is_dir()), folder)
+        return f"{file} is a file, not a folder"
     except OSError as e:
         return e.strerror or str(e)
     return None
