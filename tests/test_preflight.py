@@ -1,7 +1,10 @@
 """Tests for transformer_jax.benchmarks.preflight: the first command on a new machine, on a tiny config."""
 
 import dataclasses
+import functools
+import types
 
+import jax
 import numpy as np
 import pytest
 from absl import flags
@@ -9,9 +12,12 @@ from test_entry_points import Commands
 from tiny import config_with
 
 from transformer_jax import run_config
-from transformer_jax.benchmarks import preflight
+from transformer_jax.benchmarks import preflight, train_step
 from transformer_jax.model.special_ids import PAD_ID
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.runtime import host_memory
 from transformer_jax.runtime.errors import ConfigError
+from transformer_jax.training import steps
 
 TINY = {"data.vocab_size": 120, "data.tokens_per_batch": 512, "data.max_len": 48,
         "data.length_buckets": (16, 32, 48), "model.d_model": 18, "model.d_ff": 22, "model.num_heads": 3,
@@ -102,3 +108,51 @@ def test_every_flag_has_a_helpful_description():
     assert set(values) == {f.name for f in dataclasses.fields(preflight.Options)}  # a flag per option
     for name in values:
         assert len(values[name].help) >= 25, f"--{name}: {values[name].help!r}"
+
+
+@pytest.mark.parametrize("chunk_tokens, length, global_rows, devices", [
+    (64, 32, 16, 8), (64, 32, 16, 1), (5, 32, 16, 8), (4096, 48, 10, 2), (0, 32, 16, 8), (100, 7, 9, 3)])
+def test_one_devices_loss_chunk_is_the_one_training_takes_from_the_global_micro_batch(
+        chunk_tokens, length, global_rows, devices):
+    device_rows = global_rows // devices
+    tokens = preflight.loss_chunk_tokens_for(chunk_tokens, length, global_rows, device_rows)
+    assert steps.chunk_length(length, device_rows, tokens) == steps.chunk_length(length, global_rows,
+                                                                                 chunk_tokens)
+
+
+@pytest.mark.parametrize("accumulation, chunk", [(1, 4), (2, 8)])
+def test_the_preflights_step_over_8_devices_takes_trainings_loss_chunk(monkeypatch, accumulation, chunk):
+    """Training's jitted step sees the global micro-batch (16 rows of 32 at the 32-token bucket, split k
+    ways), so 64 loss tokens make chunks of 64 // (16 / k) positions; each of 8 devices holds 2 / k rows
+    of it, and the preflight's one-device step must take the same chunk, not 64 // (2 / k)."""
+    chunks = []
+    real = steps.chunk_length
+    monkeypatch.setattr(steps, "chunk_length", lambda *args: chunks.append(real(*args)) or chunks[-1])
+    run = _run(**{"train.loss_chunk_tokens": 64, "train.grad_accum_steps": accumulation})
+    tx = train_step._optimizer()
+    state = jax.eval_shape(lambda: train_step.fresh_state(run.model, tx))
+    training = functools.partial(steps.train_step, model=Transformer(run.model), tx=tx, label_smoothing=0.1,
+                                 grad_accum_steps=accumulation, loss_chunk_tokens=64)
+    jax.eval_shape(training, state, preflight.padded_batch(16, 32, 16, 120))
+    assert chunks == [chunk]  # training's
+    real_step = train_step.one_device_step
+
+    class Traced:  # traces the preflight's real step; compiling it would add nothing here
+        def __init__(self, *args, **kwargs):
+            self.step = real_step(*args, **kwargs)
+
+        def lower(self, *args):
+            self.step.lower(*args)
+            return types.SimpleNamespace(compile=lambda: types.SimpleNamespace(memory_analysis=lambda: None))
+
+    monkeypatch.setattr(train_step, "one_device_step", Traced)
+    lines = []
+    fit = preflight._fit(run, 32, 16, preflight.Options(), None, 8, lines.append)
+    assert (fit.micro_rows, fit.loss_chunk_length, chunks[1:]) == (2 // accumulation, chunk, [chunk])
+    assert f"micro-batch {2 // accumulation} x 32 tokens, loss chunk {chunk} positions" in lines[0]
+
+
+def test_a_cpus_memory_budget_is_half_the_available_host_memory_not_the_free(monkeypatch):
+    monkeypatch.setattr(host_memory, "available_memory", lambda: (10 * 2**30, "MemAvailable"))
+    assert preflight.memory_budget(preflight.Options(), jax.devices("cpu")[0]) == 5 * 2**30
+    assert preflight.memory_budget(preflight.Options(memory_budget_gb=3), jax.devices("cpu")[0]) == 3e9

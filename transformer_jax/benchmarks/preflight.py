@@ -14,9 +14,11 @@ For the config as train.py would run it, it prints:
 
 Nothing is read from disk, so the data need not be prepared. The step is the library's
 (``steps.make_train_step``, as ``train_step.py`` times it) on one device, with that device's share of the
-global batch (1 / device count). The projection assumes data parallelism scales linearly and leaves out
-evaluation and checkpoints. ``--measure_micro_batches=N`` times a step of N micro-batches only and scales
-it to the whole batch (for a slow device such as a CPU; the optimizer update is then counted k / N times).
+global batch (1 / device count). With ``train.loss_chunk_tokens`` its loss takes the chunk training takes,
+which is computed from the global micro-batch's rows, not the device's (``loss_chunk_tokens_for``). The
+projection assumes data parallelism scales linearly and leaves out evaluation and checkpoints.
+``--measure_micro_batches=N`` times a step of N micro-batches only and scales it to the whole batch (for a
+slow device such as a CPU; the optimizer update is then counted k / N times).
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ from transformer_jax.benchmarks import train_step
 from transformer_jax.data.batching import bucket_batch_sizes
 from transformer_jax.evaluation import paper
 from transformer_jax.model import flops, fused_attention
+from transformer_jax.model.loss import chunk_length
 from transformer_jax.model.special_ids import PAD_ID
-from transformer_jax.runtime import devices, errors, timing
+from transformer_jax.runtime import devices, errors, host_memory, timing
 from transformer_jax.runtime.errors import ConfigError
 from transformer_jax.training import train_state
 
@@ -51,7 +54,7 @@ class Options:
 
     length: int = 0  # the length bucket measured; 0: the config's middle bucket
     grad_accum_steps: int = 0  # the first accumulation tried; 0: the config's train.grad_accum_steps
-    memory_budget_gb: float = 0.0  # 0: 90% of the device's memory (half the free host memory on a CPU)
+    memory_budget_gb: float = 0.0  # 0: 90% of the device's memory (half the available host memory on a CPU)
     measure_micro_batches: int = 0  # 0: time the whole step; N: time N micro-batches and scale
     repeats: int = 3  # timed steps after one warm-up; the median is used
     peak_repeats: int = 10  # timed runs of the matmul peak
@@ -64,23 +67,27 @@ def device_memory(device) -> tuple[int | None, int | None]:
     return stats.get("bytes_limit"), stats.get("peak_bytes_in_use")
 
 
-def _free_host_memory() -> int | None:
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return None
-
-
 def memory_budget(options: Options, device) -> float | None:
-    """Bytes a compiled step may use: the flag, else 90% of the device's limit, else half the free host
-    memory (a CPU); None when nothing says."""
+    """Bytes a compiled step may use: the flag, else 90% of the device's limit, else half the available host
+    memory (a CPU: MemAvailable, or a cgroup limit's room, ``host_memory.available_memory``); None when
+    nothing says."""
     if options.memory_budget_gb:
         return options.memory_budget_gb * GB
     limit, _ = device_memory(device)
     if limit:
         return 0.9 * limit
-    free = _free_host_memory()
-    return None if free is None else 0.5 * free
+    available = host_memory.available_memory()
+    return None if available is None else 0.5 * available[0]
+
+
+def loss_chunk_tokens_for(loss_chunk_tokens: int, length: int, global_micro_rows: int,
+                          device_micro_rows: int) -> int:
+    """The ``loss_chunk_tokens`` that gives one device's micro-batch of ``device_micro_rows`` rows the
+    chunk training takes. Inside training's jitted step the loss sees the global micro-batch, so its chunk
+    is ``loss.chunk_length(length, global_micro_rows, loss_chunk_tokens)`` positions; 0 stays 0."""
+    if not loss_chunk_tokens:
+        return 0
+    return device_micro_rows * chunk_length(length, global_micro_rows, loss_chunk_tokens)
 
 
 def padded_batch(rows: int, length: int, shorter: int, vocab_size: int, *, seed: int = 0) -> dict:
@@ -109,6 +116,7 @@ class _Fit:
     grad_accum_steps: int  # k: micro-batches of the whole step
     measured_micro_batches: int  # n <= k: micro-batches of the timed program
     micro_rows: int  # rows of one micro-batch on this device
+    loss_chunk_length: int  # target positions per chunk of the loss, as training's; 0: no chunks
     compiled: object
     compiled_bytes: int | None
     batch: dict  # the timed program's, on the device
@@ -129,20 +137,23 @@ def _fit(run, length: int, shorter: int, options: Options, budget: float | None,
                    f"grad_accum_steps={k} is more than the {most} rows of this device's batch")
             raise ConfigError(f"{why}; lower data.tokens_per_batch or grad_accum_steps, use model.dtype="
                               "bfloat16 or model.attention_impl=fused, or raise --memory_budget_gb")
-        rows = bucket_batch_sizes([length], tokens, device_count * k)[0] // device_count  # this device's
-        micro = rows // k
+        global_rows = bucket_batch_sizes([length], tokens, device_count * k)[0]
+        micro = global_rows // device_count // k  # rows of a micro-batch on this device
         n = min(options.measure_micro_batches, k) if options.measure_micro_batches else k
         batch = padded_batch(n * micro, length, shorter, cfg.vocab_size)
+        chunk_tokens = loss_chunk_tokens_for(run.train.loss_chunk_tokens, length, global_rows // k, micro)
         step = train_step.one_device_step(cfg, tx, label_smoothing=run.train.label_smoothing,
-                                          grad_accum_steps=n, loss_chunk_tokens=run.train.loss_chunk_tokens)
+                                          grad_accum_steps=n, loss_chunk_tokens=chunk_tokens)
         compiled = step.lower(abstract, batch).compile()
         used = compiled_bytes(compiled)
         fits = budget is None or used is None or used <= budget
-        say(f"  grad_accum_steps={k}: micro-batch {micro} x {length} tokens, compiled step "
+        chunk = f", loss chunk {chunk_tokens // micro} positions" if chunk_tokens else ""
+        say(f"  grad_accum_steps={k}: micro-batch {micro} x {length} tokens{chunk}, compiled step "
             f"{'?' if used is None else f'{used / GB:.2f} GB'}"
             + ("" if budget is None else f" ({'fits' if fits else 'over'} the {budget / GB:.1f} GB budget)"))
         if fits:
-            return _Fit(k, n, micro, compiled, used, jax.device_put(batch))
+            return _Fit(k, n, micro, chunk_tokens // micro if chunk_tokens else 0, compiled, used,
+                        jax.device_put(batch))
         k *= 2
 
 
@@ -187,8 +198,9 @@ def preflight(run: run_config.RunConfig, options: Options = Options(), say=print
     device, count = jax.devices()[0], jax.device_count()
     limit, _ = device_memory(device)
     budget = memory_budget(options, device)
+    host = host_memory.available_memory() or (0, "unknown")
     memory = (f"{limit / GB:.1f} GB each" if limit else
-              f"no device memory statistics; host memory free {(_free_host_memory() or 0) / GB:.1f} GB")
+              f"no device memory statistics; host memory available {host[0] / GB:.1f} GB ({host[1]})")
     say(f"devices: {count} x {device.device_kind} ({device.platform}), {memory}")
     record.update(device_kind=device.device_kind, device_count=count, device_memory_bytes=limit)
 
@@ -246,6 +258,7 @@ def preflight(run: run_config.RunConfig, options: Options = Options(), say=print
                  f"({paper.STEP_SECONDS[size]} s a step)")
     say(line)
     record.update(length=length, grad_accum_steps=fit.grad_accum_steps, micro_rows=fit.micro_rows,
+                  loss_chunk_length=fit.loss_chunk_length,
                   measured_micro_batches=fit.measured_micro_batches, step_seconds=step_seconds,
                   measured_seconds=measured, tokens_per_second=tokens_per_second, mfu=mfu,
                   compiled_bytes=fit.compiled_bytes, device_peak_bytes=device_peak, projected_hours=hours,
@@ -262,7 +275,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                          "tried (doubled until the step fits the memory budget); 0: the config's.",
                          flag_values=flag_values)
     flags.DEFINE_float("memory_budget_gb", defaults.memory_budget_gb, "Memory a compiled step may use; 0: "
-                       "0.9 of the device's, or half the free host memory on a CPU.",
+                       "0.9 of the device's, or half the available host memory on a CPU.",
                        flag_values=flag_values)
     flags.DEFINE_integer("measure_micro_batches", defaults.measure_micro_batches, "Time a step of this many "
                          "micro-batches and scale it to the whole batch (for a slow device); 0: the whole "

@@ -36,6 +36,7 @@ import jax
 from transformer_jax.data.batching import bucket_batch_sizes
 from transformer_jax.model import fused_attention
 from transformer_jax.model.config import ModelConfig, param_count
+from transformer_jax.model.loss import chunk_length
 from transformer_jax.runtime import host_memory, sharding
 from transformer_jax.runtime.errors import OutOfMemoryError
 
@@ -133,10 +134,9 @@ def activation_elements(cfg: ModelConfig, src_len: int, tgt_len: int, platform: 
 
 
 def loss_positions(tgt_len: int, micro_rows: int, loss_chunk_tokens: int) -> int:
-    """Target positions per row whose logits the loss holds at once: all, or one chunk's."""
-    if not loss_chunk_tokens:
-        return tgt_len
-    return max(1, min(tgt_len, loss_chunk_tokens // micro_rows))
+    """Target positions per row whose logits the loss holds at once: all, or one chunk's, computed from
+    the global micro-batch's ``micro_rows`` as the train step computes it."""
+    return chunk_length(tgt_len, micro_rows, loss_chunk_tokens)  # as the train step takes it
 
 
 def train_step_memory(cfg: ModelConfig, *, rows: int, src_len: int, tgt_len: int, grad_accum_steps: int = 1,
