@@ -7,19 +7,23 @@ split are entries of the data cache (``disk_cache``):
     encoded/<key>/src.ids, tgt.ids                  every kept pair's token ids then EOS, concatenated:
                                                     uint16 when the vocabulary fits, else int32 (raw)
     encoded/<key>/src.offsets.npy, tgt.offsets.npy  int64[num_pairs + 1]: pair i is ids[off[i]:off[i+1]]
+    encoded/<key>.chunks/<start>-<stop>.npz         while the entry is built: its finished chunks
     <kind>/<key>/manifest.json                      sizes and SHA-256 of the files; counts and lines left out
 
 ``open_train_split`` maps the ids (``np.memmap``: their pages are shared by every process on the host
 through the page cache) and returns a ``TokenizedSplit`` equal, id for id, to encoding the pairs in memory
 with ``batching.tokenize_pairs``; so are the batches a ``TrainIterator`` draws from it.
 
-A build streams the corpus in chunks of ``CHUNK_PAIRS`` rows through a pool of worker processes, one per
-core, each reading its own rows of the files, normalising them, putting them through the text form and
-encoding them; a progress bar on stderr shows each phase with its pairs per second. The build runs in a
-child process, so the run that builds keeps none of its memory; a text corpus under ``corpora.SMALL_BYTES``
-(Multi30k's is 4 MB) is built in the calling process, where starting processes would cost more.
-Phases: 'scan' (which pairs are non-empty; only when a tokenizer is trained on a sample of a text split),
-'tokenizer sample', 'tokenizer training' and 'encoding'.
+A build streams the corpus in chunks of ``CHUNK_PAIRS`` rows through worker processes, one per core, each
+reading its own rows of the files, normalising them, putting them through the text form and encoding them
+into a chunk file of ``<key>.chunks/``; the entry's files are then joined from the chunks in order. The
+chunks stay until the entry is whole, so a build that was stopped (a signal, the time limit) or failed (a
+worker killed for memory) goes on from its finished chunks at the next start, whoever starts it. A progress
+bar on stderr shows each phase with its pairs per second. The build runs in a builder process
+(``cache_build``: its faults, signals and processes), so the run that builds keeps none of its memory; a
+text corpus under ``corpora.SMALL_BYTES`` (Multi30k's is 4 MB) is built in the calling process, where
+starting processes would cost more. Phases: 'scan' (which pairs are non-empty; only when a tokenizer is
+trained on a sample of a text split), 'tokenizer sample', 'tokenizer training' and 'encoding'.
 
 An entry's key is the SHA-256 of what decides its content: the train files' SHA-256 (text) or the TFDS
 dataset's name, version and files (tfds); the languages; the text form; for the encoded split the
@@ -28,20 +32,21 @@ tokenizer's SHA-256, for the tokenizer its settings; and ``FORMAT``.
 
 from __future__ import annotations
 
-import concurrent.futures
+import json
 import logging
-import multiprocessing
 import os
+import shutil
 import sys
 import threading
 import time
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from transformer_jax.data import disk_cache
+from transformer_jax.data import cache_build, disk_cache
 from transformer_jax.data.batching import (
     TokenizedSplit,
     concat_with_eos,
@@ -73,19 +78,7 @@ def is_cached(data_config: Any) -> bool:
 _worker_state: dict[str, Any] = {}
 
 
-def die_with_parent() -> None:
-    """Has the kernel end this process when its parent dies (Linux), so that a build whose run was killed
-    (kill -9) does not go on working in the background; elsewhere it does nothing."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (linux/prctl.h)
-
-
 def _init_worker(corpus: TextCorpus | TfdsCorpus, form: TextForm, tokenizer_proto: bytes | None) -> None:
-    if corpus.processes:
-        die_with_parent()
     _worker_state.update(corpus=corpus, form=form)
     if tokenizer_proto is not None:
         _worker_state["tokenizer"] = Tokenizer(tokenizer_proto, num_threads=1, text_form=form)
@@ -116,11 +109,12 @@ def _sample_rows(task: tuple[int, int, np.ndarray | None]) -> list[str]:
     return [text for pair in zip(sources, targets, strict=True) for text in pair]
 
 
-def _encode_rows(span: tuple[int, int]) -> dict[str, Any]:
-    """The kept pairs of rows [start, stop) encoded (``tokenize_pairs``'s rules) and what was left out."""
-    start, _ = span
+def _encode_rows(task: tuple[int, int, Path]) -> int:
+    """Encodes the kept pairs of rows [start, stop) (``tokenize_pairs``'s rules) into the chunk file
+    ``task[2]`` (``write_chunk``), with what was left out; returns the number of rows."""
+    start, stop, path = task
     tokenizer = _worker_state["tokenizer"]
-    src, tgt, suspicious = _worker_state["corpus"].read(*span)
+    src, tgt, suspicious = _worker_state["corpus"].read(start, stop)
     rows = _kept_rows(src, tgt)
     src_ids = tokenizer.encode_text([src[i] for i in rows], side="source")
     tgt_ids = tokenizer.encode_text([tgt[i] for i in rows], side="target")
@@ -129,12 +123,31 @@ def _encode_rows(span: tuple[int, int]) -> dict[str, Any]:
     src_flat, src_offsets = concat_with_eos([src_ids[k] for k in keep])
     tgt_flat, tgt_offsets = concat_with_eos([tgt_ids[k] for k in keep])
     blank = sorted(set(range(len(src))) - set(rows))
-    return {"src": src_flat.astype(dtype), "src_lengths": np.diff(src_offsets),
-            "tgt": tgt_flat.astype(dtype), "tgt_lengths": np.diff(tgt_offsets),
-            "rows": len(src), "blank": [start + i + 1 for i in blank], "empty": len(rows) - len(keep),
-            "unknown": [start + rows[k] + 1 for k in keep
-                        if mostly_unknown(src_ids[k]) or mostly_unknown(tgt_ids[k])],
-            "suspicious": suspicious}
+    found = {"blank": [start + i + 1 for i in blank], "empty": len(rows) - len(keep),
+             "unknown": [start + rows[k] + 1 for k in keep
+                         if mostly_unknown(src_ids[k]) or mostly_unknown(tgt_ids[k])],
+             "suspicious": suspicious}
+    write_chunk(path, found, src=src_flat.astype(dtype), src_lengths=np.diff(src_offsets),
+                tgt=tgt_flat.astype(dtype), tgt_lengths=np.diff(tgt_offsets))
+    return len(src)
+
+
+def write_chunk(path: Path, found: dict[str, Any], **arrays: np.ndarray) -> None:
+    """One encoded chunk as ``path`` (.npz): its ids, lengths and ``found`` (JSON); whole or absent."""
+    partial = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    with open(partial, "wb") as f:
+        np.savez(f, found=np.frombuffer(json.dumps(found).encode(), np.uint8), **arrays)
+    os.replace(partial, path)
+
+
+def read_chunk(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
+    """The arrays and ``found`` of a chunk file, or None if it cannot be read whole."""
+    try:
+        with np.load(path) as chunk:
+            arrays = {name: chunk[name] for name in ("src", "src_lengths", "tgt", "tgt_lengths")}
+            return arrays, json.loads(chunk["found"].tobytes())
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
 
 
 def ids_dtype(vocab_size: int) -> np.dtype:
@@ -142,18 +155,25 @@ def ids_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.int32)
 
 
-def spans(num_rows: int, size: int = CHUNK_PAIRS) -> list[tuple[int, int]]:
-    """[start, stop) row ranges of ``size`` rows covering ``num_rows``."""
+def spans(num_rows: int, size: int | None = None) -> list[tuple[int, int]]:
+    """[start, stop) row ranges of ``size`` (``CHUNK_PAIRS``) rows covering ``num_rows``."""
+    size = size or CHUNK_PAIRS
     return [(start, min(start + size, num_rows)) for start in range(0, num_rows, size)]
 
 
-def progress(corpus: TextCorpus | TfdsCorpus, total: int | None, phase: str, unit: str = " pairs"):
+def _labels(corpus: TextCorpus | TfdsCorpus, chunks: list[tuple[int, int]]) -> list[str]:
+    return [f"rows {start + 1:,}-{stop:,} (chunk {i + 1} of {len(chunks)}) of {corpus.describe()}"
+            for i, (start, stop) in enumerate(chunks)]
+
+
+def progress(corpus: TextCorpus | TfdsCorpus, total: int | None, phase: str, unit: str = " pairs",
+             initial: int = 0):
     """A tqdm bar on stderr for one build phase: its count and rate (none for a corpus built in this
     process, which takes seconds)."""
     import tqdm
 
     return tqdm.tqdm(total=total, desc=f"data: {phase}", unit=unit, unit_scale=True, file=sys.stderr,
-                     mininterval=1.0, dynamic_ncols=True, disable=not corpus.processes)
+                     mininterval=1.0, dynamic_ncols=True, disable=not corpus.processes, initial=initial)
 
 
 def announce(corpus: TextCorpus | TfdsCorpus, message: str) -> None:
@@ -165,13 +185,13 @@ def announce(corpus: TextCorpus | TfdsCorpus, message: str) -> None:
 
 
 class _InProcessPool:
-    """``Pool.imap`` in this process, for a corpus too small to be worth starting processes."""
+    """``WorkerPool.run`` in this process, for a corpus too small to be worth starting processes."""
 
     def __init__(self, *initargs: Any):
         _init_worker(*initargs)
 
-    def imap(self, function: Callable[[Any], Any], items: list) -> Any:
-        return map(function, items)
+    def run(self, function: Callable[[Any], Any], tasks: list, labels: list[str]) -> Any:
+        return enumerate(map(function, tasks))
 
     def __enter__(self) -> _InProcessPool:
         return self
@@ -180,23 +200,13 @@ class _InProcessPool:
         _worker_state.clear()
 
 
-def worker_pool(corpus: TextCorpus | TfdsCorpus, form: TextForm, tokenizer_proto: bytes | None):
-    """``corpus.processes`` spawned workers (none of the parent's threads or memory) holding the corpus
-    and tokenizer; with 0, this process."""
+def worker_pool(corpus: TextCorpus | TfdsCorpus, form: TextForm, tokenizer_proto: bytes | None,
+                hint: str = ""):
+    """``corpus.processes`` spawned workers holding the corpus and tokenizer (``cache_build.WorkerPool``;
+    ``hint``: what to do when one dies twice); with 0, this process."""
     if not corpus.processes:
         return _InProcessPool(corpus, form, tokenizer_proto)
-    return multiprocessing.get_context("spawn").Pool(
-        corpus.processes, initializer=_init_worker, initargs=(corpus, form, tokenizer_proto))
-
-
-def run_in_child(corpus: TextCorpus | TfdsCorpus, function: Callable[..., Any], *args: Any) -> Any:
-    """``function(*args)`` in a spawned process, whose memory (a tokenizer's corpus, encoding buffers) goes
-    back to the system when it ends; an exception comes back as raised. With ``corpus.processes`` 0, here."""
-    if not corpus.processes:
-        return function(*args)
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context, initializer=die_with_parent) as child:
-        return child.submit(function, *args).result()
+    return cache_build.WorkerPool(corpus.processes, _init_worker, (corpus, form, tokenizer_proto), hint=hint)
 
 
 def with_elapsed_time(corpus: TextCorpus | TfdsCorpus, phase: str, function: Callable[[], Any]) -> Any:
@@ -220,56 +230,92 @@ def with_elapsed_time(corpus: TextCorpus | TfdsCorpus, phase: str, function: Cal
 # ----------------------------------------------------------------------------- building
 
 
-def sample_sentences(corpus: TextCorpus | TfdsCorpus, form: TextForm, cap: int, seed: int) -> list[str]:
+def sample_sentences(corpus: TextCorpus | TfdsCorpus, form: TextForm, cap: int, seed: int,
+                     chunk_pairs: int | None = None) -> list[str]:
     """The tokenizer's training sentences (source, target of each pair, in order) of the kept pairs, or of
     ``cap`` of them drawn with ``seed`` when there are more; the same as reading the pairs in memory."""
-    with worker_pool(corpus, form, None) as pool:
+    chunks = spans(corpus.num_rows, chunk_pairs)
+    labels = _labels(corpus, chunks)
+    with worker_pool(corpus, form, None, hint="give the run more memory") as pool:
         tasks: list[tuple[int, int, np.ndarray | None]]
         if corpus.num_rows <= cap:  # every kept pair: no need to count them first
-            tasks = [(start, stop, None) for start, stop in spans(corpus.num_rows)]
+            tasks = [(start, stop, None) for start, stop in chunks]
         else:
             kept = []
             with progress(corpus, corpus.num_rows, "scan") as bar:
-                row_spans = spans(corpus.num_rows)
-                for (start, stop), rows in zip(row_spans, pool.imap(_scan_rows, row_spans), strict=True):
+                scanned = cache_build.in_order(pool.run(_scan_rows, chunks, labels))
+                for (start, stop), rows in zip(chunks, scanned, strict=True):
                     kept.append(rows)
                     bar.update(stop - start)
             kept = np.concatenate(kept)
             if len(kept) > cap:
                 kept = kept[np.sort(np.random.default_rng(seed).choice(len(kept), size=cap, replace=False))]
-            tasks = [(start, stop, kept[(kept >= start) & (kept < stop)])
-                     for start, stop in spans(corpus.num_rows)]
+            tasks = [(start, stop, kept[(kept >= start) & (kept < stop)]) for start, stop in chunks]
         sentences: list[str] = []
         with progress(corpus, min(corpus.num_rows, cap), "tokenizer sample") as bar:
-            for part in pool.imap(_sample_rows, tasks):
+            for part in cache_build.in_order(pool.run(_sample_rows, tasks, labels)):
                 sentences += part
                 bar.update(len(part) // 2)
     return sentences
 
 
-def build_encoded(folder: Path, corpus: TextCorpus | TfdsCorpus, form: TextForm,
-                  tokenizer_proto: bytes) -> dict[str, Any]:
-    """Encodes the corpus into ``folder``'s files; returns the manifest's counts and warnings."""
+def chunks_folder(folder: Path, spec: dict[str, Any]) -> Path:
+    """``<kind>/<key>.chunks``: the finished chunks of the entry being built in ``folder``
+    (``<kind>/<key>.tmp-<pid>``), kept until the entry is whole so that a stopped or failed build goes on
+    from them."""
+    return folder.parent / f"{disk_cache.spec_key(spec)}.chunks"
+
+
+def build_encoded(folder: Path, chunks_dir: Path, corpus: TextCorpus | TfdsCorpus, form: TextForm,
+                  tokenizer_proto: bytes, chunk_pairs: int | None = None) -> dict[str, Any]:
+    """Encodes the corpus into ``folder``'s files, each chunk of ``chunk_pairs`` rows first into a file of
+    ``chunks_dir`` (those an earlier build finished are taken as they are); returns the manifest's counts
+    and warnings."""
     corpus = corpus.indexed()  # the files checked before anything is said
+    chunks = spans(corpus.num_rows, chunk_pairs)
+    paths = [chunks_dir / f"{start:012d}-{stop:012d}.npz" for start, stop in chunks]
+    chunks_dir.mkdir(exist_ok=True)
+    for path in chunks_dir.iterdir():  # a killed worker's partial file, or another chunk size's
+        if path not in paths and path.suffix != ".pickle":
+            path.unlink()
+    todo = [i for i, path in enumerate(paths) if read_chunk(path) is None]
     workers = f"{corpus.processes} worker processes" if corpus.processes else "this process"
-    announce(corpus, f"Encoding the train split of {corpus.describe()} into the data cache ({workers})")
-    dtype = ids_dtype(Tokenizer(tokenizer_proto).vocab_size)
+    kept = f"; {len(chunks) - len(todo)} of {len(chunks)} chunks were encoded before" if todo != [
+        *range(len(chunks))] else ""
+    announce(corpus, f"Encoding the train split of {corpus.describe()} into the data cache ({workers}{kept})")
+    hint = (f"give the run more memory and start it again: it goes on from the chunks finished, kept in "
+            f"{chunks_dir}")
+    try:
+        with (worker_pool(corpus, form, tokenizer_proto, hint) as pool,
+              progress(corpus, corpus.num_rows, "encoding",
+                       initial=corpus.num_rows - sum(chunks[i][1] - chunks[i][0] for i in todo)) as bar):
+            tasks = [(*chunks[i], paths[i]) for i in todo]
+            for _, rows in pool.run(_encode_rows, tasks, [_labels(corpus, chunks)[i] for i in todo]):
+                bar.update(rows)
+    except cache_build.BuildStopped as e:
+        done = sum(path.is_file() for path in paths)
+        e.detail = f"{done} of {len(chunks)} chunks are encoded, kept in {chunks_dir} for the next start"
+        raise
+    return _join_chunks(folder, paths, corpus, dtype=ids_dtype(Tokenizer(tokenizer_proto).vocab_size))
+
+
+def _join_chunks(folder: Path, paths: list[Path], corpus: TextCorpus | TfdsCorpus,
+                 dtype: np.dtype) -> dict[str, Any]:
+    """The entry's files in ``folder`` from the chunk files ``paths``, in order; the manifest's counts."""
     lengths: dict[str, list[np.ndarray]] = {"src": [], "tgt": []}
     found: dict[str, Any] = {"blank": [], "empty": 0, "unknown": [], "suspicious": {}}
-    with (open(folder / "src.ids", "wb") as src_file, open(folder / "tgt.ids", "wb") as tgt_file,
-          worker_pool(corpus, form, tokenizer_proto) as pool,
-          progress(corpus, corpus.num_rows, "encoding") as bar):
-        for part in pool.imap(_encode_rows, spans(corpus.num_rows)):
-            part["src"].tofile(src_file)
-            part["tgt"].tofile(tgt_file)
-            lengths["src"].append(part["src_lengths"])
-            lengths["tgt"].append(part["tgt_lengths"])
+    with open(folder / "src.ids", "wb") as src_file, open(folder / "tgt.ids", "wb") as tgt_file:
+        for path in paths:
+            arrays, part = read_chunk(path)
+            arrays["src"].astype(dtype, copy=False).tofile(src_file)
+            arrays["tgt"].astype(dtype, copy=False).tofile(tgt_file)
+            lengths["src"].append(arrays["src_lengths"])
+            lengths["tgt"].append(arrays["tgt_lengths"])
             found["blank"] += part["blank"]
             found["unknown"] += part["unknown"]
             found["empty"] += part["empty"]
             for kind, numbers in part["suspicious"].items():
                 found["suspicious"].setdefault(kind, []).extend(numbers)
-            bar.update(part["rows"])
     for side, parts in lengths.items():
         offsets = np.zeros(sum(map(len, parts)) + 1, np.int64)
         np.cumsum(np.concatenate(parts), out=offsets[1:])
@@ -299,6 +345,30 @@ def _warnings(corpus: TextCorpus | TfdsCorpus, rows: int, *, blank: list[int], e
     return found
 
 
+def _open_or_build(data_config: Any, corpus: TextCorpus | TfdsCorpus, kind: str, spec: dict[str, Any],
+                   function: Callable[..., dict[str, Any]], *args: Any, fallback: str | os.PathLike | None,
+                   what: str) -> tuple[Path, dict[str, Any], bool]:
+    """``disk_cache.open_or_build`` of the entry ``spec``, built by ``function(folder, chunks_dir, *args)``
+    in a builder process (``cache_build``) or, for a small corpus, here; (entry, manifest, built)."""
+    built = []
+
+    def build(folder: Path) -> dict[str, Any]:
+        built.append(folder)
+        chunks_dir = chunks_folder(folder, spec)
+        if corpus.processes:
+            extra = cache_build.run_builder(function, folder, chunks_dir, *args, folder=chunks_dir)
+        else:
+            extra = function(folder, chunks_dir, *args)
+        shutil.rmtree(chunks_dir, ignore_errors=True)
+        return extra
+
+    with cache_build.stopping(what, enabled=bool(corpus.processes)):
+        entry, manifest = disk_cache.open_or_build(
+            disk_cache.cache_root(data_config.cache_dir), kind, spec, build,
+            fallback=Path(fallback) / "data_cache" if fallback else None, what=what)
+    return entry, manifest, bool(built)
+
+
 def open_train_split(data_config: Any, tokenizer: Any, *, fallback: str | os.PathLike | None = None,
                      ) -> TokenizedSplit:
     """The train split of ``data_config`` encoded with ``tokenizer``, from the data
@@ -309,16 +379,9 @@ def open_train_split(data_config: Any, tokenizer: Any, *, fallback: str | os.Pat
     spec = {"format": FORMAT, "data": corpus.fingerprint(), "src_lang": data_config.src_lang,
             "tgt_lang": data_config.tgt_lang, "text_form": data_config.text_form,
             "tokenizer_sha256": tokenizer.sha256}
-    built = []
-
-    def build(folder: Path) -> dict[str, Any]:
-        built.append(folder)
-        return run_in_child(corpus, build_encoded, folder, corpus, text_form_of(data_config),
-                            tokenizer.model_proto)
-
-    entry, manifest = disk_cache.open_or_build(
-        disk_cache.cache_root(data_config.cache_dir), "encoded", spec, build,
-        fallback=Path(fallback) / "data_cache" if fallback else None, what="the encoded train split")
+    entry, manifest, built = _open_or_build(
+        data_config, corpus, "encoded", spec, build_encoded, corpus, text_form_of(data_config),
+        tokenizer.model_proto, CHUNK_PAIRS, fallback=fallback, what="the encoded train split")
     for warning in _warnings(corpus, manifest["num_rows"], **manifest["left_out"]):  # train.py shows them
         logging.warning("%s", warning)
     split = load(entry, manifest)
@@ -340,14 +403,14 @@ def load(entry: Path, manifest: dict[str, Any]) -> TokenizedSplit:
 # ----------------------------------------------------------------------------- the shared tokenizer
 
 
-def build_tokenizer(folder: Path, corpus: TextCorpus | TfdsCorpus, data_config: Any,
-                    seed: int) -> dict[str, Any]:
+def build_tokenizer(folder: Path, chunks_dir: Path, corpus: TextCorpus | TfdsCorpus, data_config: Any,
+                    seed: int, chunk_pairs: int | None = None) -> dict[str, Any]:
     """Trains ``data_config``'s SentencePiece model on (a sample of) the corpus into ``folder/spm.model``."""
     corpus = corpus.indexed()  # the files checked before anything is said
     announce(corpus, f"Training the {data_config.vocab_type} tokenizer (vocab_size={data_config.vocab_size}) "
              f"of {corpus.describe()} into the data cache")
     sentences = sample_sentences(corpus, text_form_of(data_config), data_config.tokenizer_train_examples,
-                                 seed)
+                                 seed, chunk_pairs)
     check_vocab_size(data_config, sentences)
     proto = with_elapsed_time(corpus, f"tokenizer training on {len(sentences):,} sentences", lambda: (
         train_tokenizer(sentences, vocab_size=data_config.vocab_size,
@@ -369,11 +432,7 @@ def shared_tokenizer(data_config: Any, *, fallback: str | os.PathLike | None = N
             "vocab_size": data_config.vocab_size, "vocab_type": data_config.vocab_type,
             "tokenizer_train_examples": data_config.tokenizer_train_examples,
             "character_coverage": data_config.character_coverage, "sample_seed": seed}
-
-    def build(folder: Path) -> dict[str, Any]:
-        return run_in_child(corpus, build_tokenizer, folder, corpus, data_config, seed)
-
-    entry, _ = disk_cache.open_or_build(
-        disk_cache.cache_root(data_config.cache_dir), "tokenizers", spec, build,
-        fallback=Path(fallback) / "data_cache" if fallback else None, what="the shared tokenizer")
+    entry, _, _ = _open_or_build(data_config, corpus, "tokenizers", spec, build_tokenizer, corpus,
+                                 data_config, seed, CHUNK_PAIRS, fallback=fallback,
+                                 what="the shared tokenizer")
     return (entry / "spm.model").read_bytes()

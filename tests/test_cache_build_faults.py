@@ -1,0 +1,175 @@
+"""The data cache's build under a cluster's ordinary events, with real processes and real signals: a worker
+killed by SIGKILL (what the out-of-memory killer does), a stop signal to the run's process group, and a
+script without an ``if __name__ == "__main__"`` guard. Each build goes through worker processes in chunks of
+``faulty_corpora.CHUNK_PAIRS`` rows (58 chunks of the 400-row corpus) and ends with the same batches and
+warnings as reading the corpus in memory, whatever stopped it before."""
+
+import fcntl
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import faulty_corpora
+import pytest
+from test_corpus_cache import _assert_same_batches, _config, _in_memory, _warnings, _write_corpus
+
+from transformer_jax.data import cache_build, corpus_cache, pipeline, tokenizer
+
+TESTS = Path(__file__).resolve().parent
+CHUNKS = 58
+
+
+def _chunk_files(folder: Path) -> list[Path]:
+    return sorted((folder / "cache" / "encoded").glob("*.chunks/*.npz"))
+
+
+def _check_equals_in_memory(folder: Path, tok: tokenizer.Tokenizer, caplog) -> None:
+    """The whole entry's batches and warnings equal the in-memory path's; no chunk is left."""
+    cfg = _config(folder)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        cached = pipeline.make_train_iterator(cfg, tok, seed=5)
+    from_cache = [m for m in _warnings(caplog) if not m.startswith("Dropped ")]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        in_memory = _in_memory(cfg, tok)
+    assert from_cache == _warnings(caplog) and len(from_cache) == 4
+    _assert_same_batches(cached, in_memory)
+    assert not list((folder / "cache" / "encoded").glob("*.chunks"))
+
+
+def _lock_is_free(folder: Path) -> bool:
+    (lock,) = (folder / "cache" / "encoded").glob("*.lock")
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def test_a_killed_worker_is_named_in_one_line_and_its_chunk_encoded_again(tmp_path, monkeypatch, capfd,
+                                                                          caplog):
+    _write_corpus(tmp_path)
+    tok = tokenizer.Tokenizer(corpus_cache.shared_tokenizer(_config(tmp_path)))
+    faulty_corpora.faulty(monkeypatch.setattr, kill_row=70, kill_once=str(tmp_path / "killed"))
+    pipeline.make_train_iterator(_config(tmp_path), tok, seed=5)
+    assert (tmp_path / "killed").exists()
+    said = re.findall(r"data: the worker[^\r\n]*", capfd.readouterr().err)
+    corpus = f"{tmp_path}/train.en / {tmp_path}/train.de"
+    assert said == [f"data: the worker process reading rows 71-77 (chunk 11 of {CHUNKS}) of {corpus} was "
+                    "killed by SIGKILL (most likely the out-of-memory killer); reading it again in a new "
+                    "worker"]
+    _check_equals_in_memory(tmp_path, tok, caplog)
+
+
+def test_a_chunk_whose_worker_dies_twice_ends_the_build_in_one_line_and_the_next_start_goes_on(
+        tmp_path, monkeypatch, capfd, caplog):
+    _write_corpus(tmp_path)
+    tok = tokenizer.Tokenizer(corpus_cache.shared_tokenizer(_config(tmp_path)))
+    faulty_corpora.faulty(monkeypatch.setattr, kill_row=70)  # whenever it is read: more than it can get
+    with pytest.raises(cache_build.WorkerDiedError) as failed:
+        pipeline.make_train_iterator(_config(tmp_path), tok, seed=5)
+    message = str(failed.value)
+    assert "\n" not in message and message.startswith(
+        f"the worker process reading rows 71-77 (chunk 11 of {CHUNKS}) of ")
+    assert ("was killed by SIGKILL (most likely the out-of-memory killer), twice; give the run more memory"
+            in message)
+    assert _lock_is_free(tmp_path)  # the waiters for the entry go on
+    kept = len(_chunk_files(tmp_path))
+    assert 10 <= kept < CHUNKS and not list((tmp_path / "cache" / "encoded").glob("*.tmp-*"))
+
+    capfd.readouterr()
+    faulty_corpora.faulty(monkeypatch.setattr)  # the next start, with the memory it needs
+    pipeline.make_train_iterator(_config(tmp_path), tok, seed=5)
+    assert f"{kept} of {CHUNKS} chunks were encoded before" in capfd.readouterr().err
+    _check_equals_in_memory(tmp_path, tok, caplog)
+
+
+def _start_a_run(folder: Path, *options: str) -> subprocess.Popen:
+    """``faulty_corpora.py``'s start of a run, as a process group of its own (its builder and workers)."""
+    return subprocess.Popen([sys.executable, str(TESTS / "faulty_corpora.py"), str(folder), *options],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _live_processes_in_group(group: int) -> list[int]:
+    """The processes of a process group that have not ended (zombies, which have, are left out)."""
+    live = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            live.append(int(stat.parent.name))
+    return live
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
+@pytest.mark.parametrize("signum,guard", [(signal.SIGTERM, True), (signal.SIGUSR1, False)],
+                         ids=["SIGTERM_under_the_training_guard", "SIGUSR1_without_a_handler"])
+def test_a_stop_signal_to_the_process_group_ends_the_build_cleanly_and_the_next_start_goes_on(
+        tmp_path, caplog, signum, guard):
+    _write_corpus(tmp_path)
+    run = _start_a_run(tmp_path, "--delay=0.3", *(["--guard"] if guard else []))
+    try:
+        while len(_chunk_files(tmp_path)) < 3:
+            assert run.poll() is None, run.communicate()
+            time.sleep(0.1)
+        os.killpg(run.pid, signum)  # the run, its builder and the workers, as Slurm and Ctrl-C signal them
+        out, err = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    kept = len(_chunk_files(tmp_path))
+    name = signal.Signals(signum).name
+    assert run.returncode == 0 and "Traceback" not in err, err
+    assert (f"Stopped by {name} while building the encoded train split: {kept} of {CHUNKS} chunks are "
+            "encoded, kept in ") in out and 3 <= kept < CHUNKS
+    assert (f"Received {name}: will save a checkpoint" in err) == guard  # the training guard was told
+    for _ in range(100):  # the builder and its workers end with it (those not yet reaped are zombies)
+        if not _live_processes_in_group(run.pid):
+            break
+        time.sleep(0.1)
+    assert _live_processes_in_group(run.pid) == []
+    assert _lock_is_free(tmp_path)
+
+    again = _start_a_run(tmp_path)  # the requeued job
+    out, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err
+    assert f"{kept} of {CHUNKS} chunks were encoded before" in err and "Data: 398 train pairs encoded" in out
+    tok = tokenizer.Tokenizer(corpus_cache.shared_tokenizer(_config(tmp_path)))
+    _check_equals_in_memory(tmp_path, tok, caplog)
+
+
+UNGUARDED = """\
+import sys
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from test_corpus_cache import _config
+from transformer_jax.data import corpora, pipeline
+
+corpora.SMALL_BYTES = 0  # the corpus is built as one over the size built in this process
+cfg = _config(Path({folder!r}))
+tok = pipeline.load_or_train_tokenizer(cfg, {workdir!r})
+print("examples:", pipeline.make_train_iterator(cfg, tok, seed=0).num_examples)
+"""
+
+
+def test_a_script_without_a_main_guard_builds_with_worker_processes(tmp_path):
+    """Such a script worked before the data cache, which then started processes that imported it again."""
+    _write_corpus(tmp_path)
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED.format(tests=str(TESTS), folder=str(tmp_path), workdir=str(tmp_path / "w")))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("examples: 315") == 1 and "Data: 398 train pairs encoded" in done.stdout
+    assert "worker processes" in done.stderr  # the build took the worker path

@@ -1,0 +1,371 @@
+"""How the data cache builds an entry in other processes, and how such a build ends under faults.
+
+A build of a corpus over ``corpora.SMALL_BYTES`` runs in a builder process started as a fresh interpreter
+(``python -c``, running ``cache_build.main``), never by re-importing the caller's ``__main__``: a script
+without an ``if __name__ == "__main__"`` guard builds as well as train.py does. The builder hands row
+ranges (chunks) to a ``WorkerPool`` of spawned workers, one chunk per worker at a time, so it always knows
+which worker holds which chunk.
+
+Faults:
+- a worker that dies (SIGKILL from the out-of-memory killer) names its chunk in one line on stderr and the
+  chunk is encoded again in a new worker; a second death of the same chunk ends the build with one line
+  (``WorkerDiedError``). A builder that dies ends the run the same way. Either way the entry's lock is
+  released, and the chunks finished so far stay on disk for the next start.
+- SIGTERM, SIGINT or SIGUSR1 during a build (``stopping``), to the run or to its whole process group, stop
+  the build within seconds: the workers ignore the signals and the builder stops them. The run prints one
+  line and exits 0, as training does in its other phases; a signal that comes while the run waits for
+  another process's build stops the wait the same way. A signal that comes once the entry is whole is
+  handed to the handler the run had before (training's ``PreemptionGuard``), which is also told of every
+  signal as it comes.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import tqdm
+
+from transformer_jax.runtime.errors import UserError
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)  # SIGUSR1: the Slurm time-limit warning
+STOP_GRACE_SECONDS = 10.0  # a builder told to stop is killed after this (it stops within a second or so)
+# The builder's program: its __main__ is no file, so its spawned workers import no main module either.
+_BUILDER = "import sys; from transformer_jax.data import cache_build; cache_build.main(sys.argv[1:])"
+_POLL_SECONDS = 0.25  # how often a waiting process looks for a signal or a dead worker
+
+
+class BuildStopped(Exception):
+    """A stop signal ended a build; ``detail`` says what it keeps."""
+
+    def __init__(self, signum: int, detail: str | None = None):
+        super().__init__(signal.Signals(signum).name)
+        self.signum, self.detail = signum, detail
+
+
+class WorkerDiedError(UserError, RuntimeError):
+    """A build's worker or builder process died (most often the out-of-memory killer's SIGKILL)."""
+
+
+def die_with_parent(parent: int | None = None) -> None:
+    """Has the kernel end this process when its parent dies (Linux), so that a build whose run was killed
+    does not go on in the background; ``parent``: the pid the parent had, in case it died already."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (linux/prctl.h)
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)
+
+
+def how_it_died(exitcode: int | None) -> str:
+    """Words for a dead process's exit code, naming the out-of-memory killer's signal as the likely cause."""
+    if exitcode is not None and exitcode < 0:
+        name = signal.Signals(-exitcode).name
+        return f"was killed by {name}{' (most likely the out-of-memory killer)' if name == 'SIGKILL' else ''}"
+    return f"exited with status {exitcode}"
+
+
+# ----------------------------------------------------------------------------- in the builder: workers
+
+_stop_signal: list[int] = []  # the stop signal this builder process received, if any
+
+
+def stop_signal() -> int | None:
+    """The stop signal this builder process received, or None."""
+    return _stop_signal[0] if _stop_signal else None
+
+
+def _worker_main(conn: Any, initializer: Callable[..., None], initargs: tuple) -> None:
+    for signum in STOP_SIGNALS:  # the builder decides when its workers stop
+        signal.signal(signum, signal.SIG_IGN)
+    die_with_parent()
+    try:
+        initializer(*initargs)
+        failed = None
+    except Exception as e:
+        failed = e
+    while (message := _receive(conn)) is not None:
+        function, task = message
+        try:
+            if failed is not None:
+                raise failed
+            reply = (True, function(task))
+        except Exception as e:
+            reply = (False, _picklable(e))
+        conn.send(reply)
+
+
+def _receive(conn: Any) -> Any:
+    try:
+        return conn.recv()
+    except (EOFError, OSError):
+        return None
+
+
+def _picklable(error: Exception) -> Exception:
+    """``error`` if it is a user error that survives pickling, else a RuntimeError holding its traceback."""
+    if isinstance(error, UserError):
+        with contextlib.suppress(Exception):
+            pickle.loads(pickle.dumps(error))
+            return error
+    return RuntimeError("a data cache worker process failed:\n" + "".join(traceback.format_exception(error)))
+
+
+class WorkerPool:
+    """``processes`` spawned workers, each running ``initializer(*initargs)`` once, then tasks one at a time.
+
+    ``run`` yields ``(index, result)`` as tasks finish. A worker that dies is replaced and its task tried
+    once more; a task whose worker dies twice raises ``WorkerDiedError``, naming the task by ``labels`` and
+    ending with ``hint``. A stop signal (``stop_signal``) raises ``BuildStopped``. Leaving the pool (``with``)
+    ends every worker, at once if a task was still running.
+    """
+
+    def __init__(self, processes: int, initializer: Callable[..., None], initargs: tuple, *, hint: str = ""):
+        self._context = multiprocessing.get_context("spawn")
+        self._initializer, self._initargs, self._hint = initializer, initargs, hint
+        if hasattr(signal, "pthread_sigmask"):  # the resource tracker's default SIGUSR1 action would end it
+            from multiprocessing import resource_tracker
+
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+            try:
+                resource_tracker.ensure_running()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        self._workers = [self._start() for _ in range(processes)]
+
+    def _start(self) -> tuple[Any, Any]:
+        conn, child_conn = self._context.Pipe()
+        process = self._context.Process(target=_worker_main, daemon=True,
+                                        args=(child_conn, self._initializer, self._initargs))
+        process.start()
+        child_conn.close()
+        return process, conn
+
+    def run(self, function: Callable[[Any], Any], tasks: Sequence[Any],
+            labels: Sequence[str]) -> Iterator[tuple[int, Any]]:
+        queue, busy, deaths = collections.deque(range(len(tasks))), {}, collections.Counter()
+        idle = list(self._workers)
+        while queue or busy:
+            while idle and queue:
+                worker, index = idle.pop(), queue.popleft()
+                try:
+                    worker[1].send((function, tasks[index]))
+                    busy[worker] = index
+                except OSError:  # it died while idle
+                    queue.appendleft(index)
+                    self._replace(worker)
+                    idle.append(self._workers[-1])
+            waitables = [w[1] for w in busy] + [w[0].sentinel for w in busy]
+            multiprocessing.connection.wait(waitables, timeout=_POLL_SECONDS)
+            if (signum := stop_signal()) is not None:
+                raise BuildStopped(signum)
+            for worker in list(busy):
+                process, conn = worker
+                if conn.poll():
+                    if (reply := _receive(conn)) is None:  # the pipe closed: the worker is gone
+                        process.join(STOP_GRACE_SECONDS)
+                elif process.is_alive():
+                    continue
+                else:
+                    reply = None
+                index = busy.pop(worker)
+                if reply is not None:
+                    idle.append(worker)
+                    ok, value = reply
+                    if not ok:
+                        raise value
+                    yield index, value
+                    continue
+                deaths[index] += 1
+                message = f"the worker process reading {labels[index]} {how_it_died(self._replace(worker))}"
+                if deaths[index] > 1:
+                    raise WorkerDiedError(f"{message}, twice; {self._hint}".rstrip("; "))
+                tqdm.tqdm.write(f"data: {message}; reading it again in a new worker", file=sys.stderr)
+                idle.append(self._workers[-1])
+                queue.appendleft(index)
+
+    def _replace(self, worker: tuple[Any, Any]) -> int | None:
+        """Starts a new worker in place of the dead ``worker``; returns the dead one's exit code."""
+        process, conn = worker
+        if process.is_alive():
+            process.kill()
+        process.join()
+        conn.close()
+        self._workers.remove(worker)
+        self._workers.append(self._start())
+        return process.exitcode
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        for process, conn in self._workers:
+            if exc_info[0] is None:
+                with contextlib.suppress(OSError):
+                    conn.send(None)
+            else:
+                process.kill()
+        for process, conn in self._workers:
+            process.join(STOP_GRACE_SECONDS)
+            if process.is_alive():
+                process.kill()
+                process.join()
+            conn.close()
+
+
+def in_order(results: Iterator[tuple[int, Any]]) -> Iterator[Any]:
+    """The results of ``WorkerPool.run`` in the order of their tasks."""
+    waiting, following = {}, 0
+    for index, result in results:
+        waiting[index] = result
+        while following in waiting:
+            yield waiting.pop(following)
+            following += 1
+
+
+def main(argv: Sequence[str]) -> None:
+    """The builder process: runs the pickled request in ``argv[0]`` and writes the outcome beside it."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, lambda signum, frame: _stop_signal.append(signum))
+    with open(argv[0], "rb") as f:
+        parent, path = pickle.load(f)
+        die_with_parent(parent)
+        sys.path[:] = path  # the caller's modules, so that what it pickled can be read
+        function, args, reply = pickle.load(f)
+    try:
+        outcome = {"result": function(*args)}
+    except BuildStopped as e:
+        outcome = {"stopped": e.signum, "detail": e.detail}
+    except Exception as e:
+        if not isinstance(e, UserError):
+            traceback.print_exc()
+        outcome = {"error": _picklable(e)}
+    with open(f"{reply}.tmp", "wb") as f:
+        pickle.dump(outcome, f)
+    os.replace(f"{reply}.tmp", reply)
+
+
+# ----------------------------------------------------------------------------- in the run
+
+
+class _Stopping:
+    """The stop signals' handlers of one ``stopping`` block; see there."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.building = False
+        self.previous: dict[int, Any] = {}
+
+    def handle(self, signum: int, frame: Any) -> None:
+        if self.signum is None:
+            self.signum = signum
+        previous = self.previous.get(signum)
+        if self._passes_on(previous):
+            previous(signum, frame)
+        if not self.building:  # waiting for another process's build, or reading an entry
+            raise BuildStopped(signum)
+
+    @staticmethod
+    def _passes_on(previous: Any) -> bool:
+        return callable(previous) and previous is not signal.default_int_handler
+
+
+_active: list[_Stopping] = []
+
+
+@contextlib.contextmanager
+def stopping(what: str, *, enabled: bool = True) -> Iterator[None]:
+    """Within this block a stop signal ends the build (``run_builder``) or the wait for another process's
+    build: one line on stdout, then ``SystemExit(0)``. A handler the process had before (training's
+    ``PreemptionGuard``) is told of every signal too; a signal it could not be told of (the default
+    action) is raised again after the block if the entry was made all the same. Off the main thread, or
+    with ``enabled`` False, the block changes nothing."""
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    state = _Stopping()
+    for signum in STOP_SIGNALS:
+        state.previous[signum] = signal.signal(signum, state.handle)
+    _active.append(state)
+    try:
+        yield
+    except BuildStopped as e:
+        _restore(state)
+        doing = "building" if state.building else "waiting for another process that builds"
+        kept = f": {e.detail}" if e.detail else ""
+        print(f"Stopped by {signal.Signals(e.signum).name} while {doing} {what}{kept}. Run the same "
+              "command again to go on.", flush=True)
+        raise SystemExit(0) from None
+    finally:
+        _restore(state)
+    if state.signum is not None and not _Stopping._passes_on(state.previous[state.signum]):
+        signal.raise_signal(state.signum)  # the entry is whole: the signal does what it would have done
+
+
+def _restore(state: _Stopping) -> None:
+    if state in _active:
+        _active.remove(state)
+        for signum, handler in state.previous.items():
+            signal.signal(signum, handler)
+
+
+def run_builder(function: Callable[..., Any], *args: Any, folder: Path) -> Any:
+    """``function(*args)`` in a builder process (a fresh interpreter, whose memory goes back to the system
+    when it ends); its user errors come back raised, a stop signal as ``BuildStopped``. ``folder`` holds
+    the request and the reply while it runs."""
+    state = _active[-1] if _active else None
+    if state is not None:
+        state.building = True
+    folder.mkdir(parents=True, exist_ok=True)
+    request, reply = folder / f"request-{os.getpid()}.pickle", folder / f"reply-{os.getpid()}.pickle"
+    reply.unlink(missing_ok=True)
+    with open(request, "wb") as f:
+        pickle.dump((os.getpid(), sys.path), f)
+        pickle.dump((function, args, reply), f)
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (package_root,
+                                                                      os.environ.get("PYTHONPATH")))))
+    process = subprocess.Popen([sys.executable, "-c", _BUILDER, str(request)], env=env,
+                               stdin=subprocess.DEVNULL)
+    told = None
+    try:
+        while process.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(_POLL_SECONDS)
+            if state is not None and state.signum is not None and process.poll() is None:
+                if told is None:
+                    told = time.monotonic()
+                    process.send_signal(signal.SIGTERM)  # a signal to this process alone reaches it too
+                elif time.monotonic() - told > STOP_GRACE_SECONDS:
+                    process.kill()  # e.g. inside SentencePiece's training, which checks for nothing
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        request.unlink(missing_ok=True)
+    outcome = pickle.loads(reply.read_bytes()) if reply.is_file() else {}
+    reply.unlink(missing_ok=True)
+    signum = outcome.get("stopped") or (state.signum if state is not None else None)
+    if signum:
+        raise BuildStopped(signum, outcome.get("detail"))
+    if "error" in outcome:
+        raise outcome["error"]
+    if "result" not in outcome:
+        raise WorkerDiedError(f"the data cache's builder process {how_it_died(process.returncode)}; what it "
+                              "finished is kept, and the same command goes on from there")
+    return outcome["result"]
+
