@@ -106,16 +106,19 @@ def _warnings(caplog) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "processes,text_form",
-    [(False, "raw"), (True, "raw"), (False, "moses_lc")],
-    ids=["in_process", "worker_processes", "moses_lc"],
+    "processes,text_form,chunk_pairs",
+    [(False, "raw", 3), (True, "raw", 7), (False, "moses_lc", None)],
+    ids=["in_process_134_chunks", "worker_processes_58_chunks", "moses_lc_one_chunk"],
 )
 def test_tokenizer_batches_and_warnings_equal_reading_the_corpus_in_memory(
-    tmp_path, caplog, monkeypatch, processes, text_form
+    tmp_path, caplog, monkeypatch, processes, text_form, chunk_pairs
 ):
-    """300 of 400 rows train the tokenizer, so the build scans for non-empty pairs and samples them."""
-    if processes:  # the path of a corpus over SMALL_BYTES: a child process with a pool of workers
+    """300 of 400 rows train the tokenizer, so the build scans for non-empty pairs and samples them. In
+    chunks of 3 or 7 rows, the lines the warnings name (6, 8, 18, 24) lie in different chunks."""
+    if processes:  # the path of a corpus over SMALL_BYTES: a builder process with worker processes
         monkeypatch.setattr(corpora, "SMALL_BYTES", 0)
+    if chunk_pairs:  # a real corpus is many chunks of CHUNK_PAIRS rows
+        monkeypatch.setattr(corpus_cache, "CHUNK_PAIRS", chunk_pairs)
     _write_corpus(tmp_path)
     cfg = _config(tmp_path, text_form=text_form)
     tok = pipeline.load_or_train_tokenizer(cfg, str(tmp_path / "workdir"))
@@ -139,6 +142,33 @@ def test_tokenizer_batches_and_warnings_equal_reading_the_corpus_in_memory(
     assert sorted(set(from_cache) - set(dropped)) == in_memory_warnings and len(in_memory_warnings) == 4
     assert isinstance(cached._data.src_ids, np.memmap) and cached._data.src_ids.dtype == np.uint16
     _assert_same_batches(cached, in_memory)
+
+
+def _large_vocabulary() -> tokenizer.Tokenizer:
+    """70,060 pieces: a trained model and the 70,000 words zq00000 ... zq69999 as pieces of their own."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    model = sentencepiece_model_pb2.ModelProto()
+    model.ParseFromString(tokenizer.train_tokenizer([" ".join(WORDS)] * 50, vocab_size=60, vocab_type="bpe"))
+    for i in range(70_000):
+        model.pieces.add(piece=f"zq{i:05d}", score=0.0, type=model.SentencePiece.USER_DEFINED)
+    return tokenizer.Tokenizer(model.SerializeToString())
+
+
+def test_a_vocabulary_over_65536_pieces_keeps_every_id_in_int32(tmp_path, monkeypatch):
+    monkeypatch.setattr(corpus_cache, "CHUNK_PAIRS", 23)
+    tok = _large_vocabulary()
+    rng = np.random.default_rng(3)
+    for lang in ("en", "de"):  # the words of the largest ids: 65,536 and over wrap in uint16
+        lines = [" ".join([*rng.choice(WORDS, size=3), f"zq{rng.integers(65_400, 70_000):05d}"])
+                 for _ in range(100)]
+        for split in ("train", "val", "test"):
+            (tmp_path / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    cfg = _config(tmp_path)
+    cached = pipeline.make_train_iterator(cfg, tok, seed=5)
+    ids = cached._data.tgt_ids
+    assert tok.vocab_size == 70_060 and ids.dtype == np.int32 and ids.max() > 1 << 16
+    _assert_same_batches(cached, _in_memory(cfg, tok))
 
 
 MULTI30K = SHARED_DATA / "multi30k"
