@@ -3,8 +3,9 @@
 import math
 
 import numpy as np
+import pytest
 
-from transformer_jax.inspect import forward, scaling
+from transformer_jax.inspect import forward, heads, scaling
 
 
 def test_reference_weights_by_hand_and_masked_entries_are_exactly_zero():
@@ -49,3 +50,33 @@ def test_random_scaling_experiment():
     assert max(scaled) - min(scaled) < 0.3 and min(scaled) > 0.7 * math.log(33)  # stays put
     np.testing.assert_allclose([r["logit_std_unscaled"] for r in rows], np.sqrt([4, 64, 512]), rtol=0.2)
     assert all(r["uniform_entropy"] == math.log(33) for r in rows)
+
+
+def _model_rows(weights_of, dtype="float32"):
+    """``scaling_model_rows`` on one encoder layer whose recorded weights are ``weights_of(q, k, mask)``."""
+    rng = np.random.default_rng(7)
+    queries, keys = rng.normal(size=(2, 3, 5, 7)), rng.normal(size=(2, 3, 5, 7))  # [B, L, H, d_k]
+    tokens = np.array([[4, 5, 6], [4, 5, 0]])
+    mask = forward.attention_mask("encoder_self", tokens, tokens)
+    record = forward.AttentionRecord(weights_of(queries, keys, mask), queries, keys)
+    sums, stats = scaling.new_sums(), heads.HeadStatistics("encoder_self", 5)
+    scaling.add_scaling(sums, record, mask)
+    stats.add(record.weights, mask)
+    key = ("encoder_self", 0)
+    return scaling.scaling_model_rows({key: sums}, {key: stats}, 7, dtype=dtype)
+
+
+def test_the_model_rows_stop_when_the_recomputation_misses_the_sown_weights():
+    (row,) = _model_rows(scaling.attention_weights_np)
+    assert row["sown_vs_recomputed"] < 1e-12
+    # Weights with a term the recomputation lacks (here: a bias on the logits, as ALiBi adds).
+    biased = lambda q, k, mask: scaling.attention_weights_np(q + 0.3, k, mask)  # noqa: E731
+    with pytest.raises(scaling.RecomputationError, match=r"in encoder_self layer 0 that differs from the "
+                       r"model's own weights by 0\.\d+ \(tolerance 0\.001\).*does not apply") as caught:
+        _model_rows(biased)
+    assert "\n" not in str(caught.value)
+    # bfloat16 logits round: a difference of 1e-2 passes there, not in float32.
+    nudged = lambda q, k, mask: np.clip(scaling.attention_weights_np(q, k, mask) + 0.01 * mask, 0, 1)  # noqa: E731
+    assert _model_rows(nudged, dtype="bfloat16")[0]["sown_vs_recomputed"] == pytest.approx(0.01)
+    with pytest.raises(scaling.RecomputationError):
+        _model_rows(nudged)

@@ -83,7 +83,7 @@ def run(workdir: str, sentence: str, out_dir: str | None = None, *, step: int | 
 
     progress("scaling and position experiments")
     random_rows = scaling.scaling_random(options.d_ks)
-    model_rows = scaling.scaling_model_rows(analysis.scaling, analysis.stats, cfg.d_k)
+    model_rows = scaling.scaling_model_rows(analysis.scaling, analysis.stats, cfg.d_k, dtype=cfg.dtype)
     files["scaling_random_csv"] = table(random_rows, "scaling_random", 4)
     files["scaling_model_csv"] = table(model_rows, "scaling_model", 4)
     files["scaling_png"] = scaling.plot_scaling(random_rows, model_rows, os.path.join(out_dir, "scaling.png"))

@@ -2,7 +2,9 @@
 
 (a) Random q, k ~ N(0, I_{d_k}) as d_k grows: unscaled, q.k has variance d_k and the softmax saturates.
 (b) The trained model's own sown q and k. In both, the weights are recomputed in float64 NumPy with and
-without the factor; the scaled recomputation must reproduce the model's own weights (``sown_vs_recomputed``).
+without the factor; the scaled recomputation must reproduce the model's own weights (``sown_vs_recomputed``,
+within ``SOWN_TOLERANCE`` of the compute dtype), or ``scaling_model_rows`` stops with one line: numbers
+recomputed without a term the model has (a position bias in the logits) would describe another model.
 """
 
 from __future__ import annotations
@@ -15,8 +17,16 @@ import numpy as np
 
 from transformer_jax.inspect import artifacts, forward
 from transformer_jax.inspect.heads import HeadStatistics, entropy
+from transformer_jax.runtime import errors
 
 DEFAULT_D_KS = (4, 8, 16, 32, 64, 128, 256, 512)
+# Largest |sown - recomputed| weight the check allows, by compute dtype (``ModelConfig.dtype``): float32
+# against float64 NumPy differs by rounding; bfloat16 logits carry 8 bits of mantissa.
+SOWN_TOLERANCE = {"float32": 1e-3, "bfloat16": 5e-2}
+
+
+class RecomputationError(errors.UserError, RuntimeError):
+    """The model's own attention weights are not softmax(q.k / sqrt(d_k)) of its sown q and k."""
 
 
 def attention_weights_np(queries: np.ndarray, keys: np.ndarray, mask: np.ndarray | None = None, *,
@@ -97,12 +107,15 @@ def scaling_random(d_ks: Sequence[int] = DEFAULT_D_KS, *, num_keys: int = 64, nu
 
 
 def scaling_model_rows(sums: dict[tuple[str, int], dict], stats: dict[tuple[str, int], HeadStatistics],
-                       d_k: int) -> list[dict[str, Any]]:
+                       d_k: int, *, dtype: str = "float32") -> list[dict[str, Any]]:
     """Per (kind, layer): mean entropy of the model's maps with (as trained) and without 1/sqrt(d_k).
 
     Args:
       sums: {(kind, layer): ``add_scaling`` sums}; stats: {(kind, layer): HeadStatistics} (for the
-        uniform entropy); d_k: the model's d_k (reported).
+        uniform entropy); d_k: the model's d_k (reported); dtype: its compute dtype (the check's tolerance).
+
+    Raises:
+      RecomputationError: a layer's ``sown_vs_recomputed`` exceeds ``SOWN_TOLERANCE[dtype]``.
     """
     rows = []
     for kind, layer in sorted(sums, key=forward.kind_layer_order):
@@ -114,7 +127,20 @@ def scaling_model_rows(sums: dict[tuple[str, int], dict], stats: dict[tuple[str,
                      "uniform_entropy": uniform,
                      "logit_std_unscaled": math.sqrt(acc["logit_sq"] / acc["pairs"]),
                      "sown_vs_recomputed": acc["max_abs_diff"]})
+    check_recomputed(rows, SOWN_TOLERANCE[dtype])
     return rows
+
+
+def check_recomputed(rows: Sequence[dict[str, Any]], tolerance: float) -> None:
+    """Raises RecomputationError (one line) for the first row whose recomputed weights miss the sown ones."""
+    for r in rows:
+        if not r["sown_vs_recomputed"] <= tolerance:  # NaN fails too
+            raise RecomputationError(
+                f"the scaling experiment recomputes softmax(q.k / sqrt(d_k)) from the model's sown q and k, "
+                f"but in {r['kind']} layer {r['layer']} that differs from the model's own weights by "
+                f"{r['sown_vs_recomputed']:.3g} (tolerance {tolerance:g}): the model's attention has a term "
+                "the experiment leaves out (such as a position bias in the logits), so the experiment does "
+                "not apply to this model")
 
 
 def plot_scaling(random_rows: Sequence[dict], model_rows: Sequence[dict], path: str) -> str:
