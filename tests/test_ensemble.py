@@ -12,7 +12,7 @@ from tiny import random_params
 from transformer_jax.data import EvalBatch
 from transformer_jax.evaluation import decode, scoring
 from transformer_jax.model.config import ModelConfig
-from transformer_jax.model.ensemble import Ensemble, mean_log_probs
+from transformer_jax.model.ensemble import Ensemble, mean_log_probs, shape_differences
 from transformer_jax.model.special_ids import EOS_ID, PAD_ID
 from transformer_jax.model.transformer import Transformer
 
@@ -95,3 +95,19 @@ def test_one_model_and_copies_of_it_decode_and_score_as_the_model():
     assert twice["ppl"] == pytest.approx(alone["ppl"], rel=1e-5)
     other = scoring.perplexity(Ensemble((params, random_params(CFG, 6))), CFG, batch)
     assert other["ppl"] != pytest.approx(alone["ppl"], rel=1e-3)
+
+
+def test_members_may_differ_in_how_they_were_trained_not_in_their_shape():
+    """Dropout (Table 3 row D), the attention implementation, dtype and, under sinusoids, max_len do not
+    shape the parameters; widths, the position scheme and a learned table's size do."""
+    trained_otherwise = CFG.replace(dropout_rate=0.3, attention_dropout_rate=0.1, attention_block_size=8,
+                                    attention_init="narrow", dtype="bfloat16", max_len=40,
+                                    attention_witness=True)
+    assert shape_differences(CFG, trained_otherwise) == []
+    assert shape_differences(CFG, CFG.replace(attention_impl="blockwise")) == []
+    assert shape_differences(CFG, CFG.replace(d_ff=26)) == ["d_ff=26 (first: 24)"]
+    assert shape_differences(CFG, CFG.replace(num_decoder_layers=3, norm_style="pre")) == [
+        "num_decoder_layers=3 (first: 2)", "norm_style='pre' (first: 'post')"]
+    learned = CFG.replace(position_encoding="learned")
+    assert shape_differences(CFG, learned) == ["position_encoding='learned' (first: 'sinusoidal')"]
+    assert shape_differences(learned, learned.replace(max_len=40)) == ["max_len=40 (first: 16)"]

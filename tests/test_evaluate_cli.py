@@ -251,13 +251,16 @@ def test_an_ensemble_decodes_the_workdirs_models_together(workdir, tmp_path):
                 "output_dir": str(tmp_path / "out")}
     single = workdir_scoring.evaluate_workdir(path, **settings)
     twice = workdir_scoring.evaluate_workdir(path, ensemble=(same,), **settings)
-    assert os.path.basename(twice["outputs"][1]) == "dev-6-ens2.json"
+    assert re.fullmatch(r"dev-6-ens2-[0-9a-f]{8}\.json", os.path.basename(twice["outputs"][1]))
     assert twice["ensemble"] == [{"workdir": path, "averaged_steps": [6]},
                                  {"workdir": same, "averaged_steps": [6]}]
     assert twice["ppl"] == pytest.approx(single["ppl"], rel=1e-5)
     assert twice["sacrebleu"] == single["sacrebleu"]
-    mixed = workdir_scoring.evaluate_workdir(path, ensemble=(other,), overwrite=True, **settings)
+    mixed = workdir_scoring.evaluate_workdir(path, ensemble=(other,), **settings)  # named apart: no refusal
     assert mixed["ppl"] != pytest.approx(single["ppl"], rel=1e-3)  # the untrained member counts
+    assert mixed["outputs"][1] != twice["outputs"][1]
+    with open(twice["outputs"][1]) as f:
+        assert json.load(f)["ppl"] == twice["ppl"]  # the first ensemble's result is kept
 
     with pytest.raises(ConfigError, match="name each model once"):
         workdir_scoring.evaluate_workdir(path, ensemble=(same, same), **settings)
@@ -267,6 +270,13 @@ def test_an_ensemble_decodes_the_workdirs_models_together(workdir, tmp_path):
     untrained_workdir(config_with({**TRAINED, "model.d_ff": 26}), wider, steps=(6,))
     with pytest.raises(ConfigError, match=r"its model differs from --workdir's: d_ff=26 \(first: 22\)"):
         workdir_scoring.evaluate_workdir(path, ensemble=(wider,), **settings)
+    # Training-time fields (Table 3 row D's dropout, the attention implementation, max_len under sinusoids)
+    # do not shape the parameters: such a member joins.
+    retrained = str(tmp_path / "retrained")
+    untrained_workdir(config_with({**TRAINED, "model.dropout_rate": 0.3, "model.attention_impl": "blockwise",
+                                   "model.max_len": 320}), retrained, steps=(6,))
+    joined = workdir_scoring.evaluate_workdir(path, ensemble=(retrained,), **settings)
+    assert joined["ensemble"][1] == {"workdir": retrained, "averaged_steps": [6]}
     retokenized = str(tmp_path / "retokenized")  # same shape, a vocabulary from other data
     untrained_workdir(config_with({**TRAINED, "data.synthetic_seed": 1}), retokenized, steps=(6,))
     with pytest.raises(ConfigError, match="its tokenizer differs from --workdir's"):
@@ -274,4 +284,5 @@ def test_an_ensemble_decodes_the_workdirs_models_together(workdir, tmp_path):
     result = _evaluate(f"--workdir={path}", f"--ensemble={same},{other}", "--split=dev", "--average_last=1",
                        f"--output_dir={tmp_path / 'cli'}", *FAST)
     assert result.returncode == 0, result.stderr
-    assert os.path.exists(tmp_path / "cli" / "dev-6-ens3.json")
+    named = [n for n in os.listdir(tmp_path / "cli") if re.fullmatch(r"dev-6-ens3-[0-9a-f]{8}\.json", n)]
+    assert len(named) == 1, os.listdir(tmp_path / "cli")

@@ -4,17 +4,20 @@
 folder (``<workdir>/eval`` or ``--output_dir``) is writable, so a read-only workdir fails in a second,
 not after the whole set is decoded. Once the checkpoint step is known, ``output_stem`` names the
 outputs after what was scored (``test-<step>``, ``dev-<step>``, or the source file's name, e.g.
-``newstest2014.en-<step>``; ``-avg<N>`` when N checkpoints are averaged) and ``claimed_outputs`` holds
-them for this run: a second run that would write them is refused at once, and an existing result is
-not replaced unless ``overwrite`` is set.
+``newstest2014.en-<step>``; ``-avg<N>`` when N checkpoints are averaged, ``-ens<M>-<key>`` for an
+ensemble) and ``claimed_outputs`` holds them for this run: a second run that would write them is refused
+at once, and an existing result is not replaced unless ``overwrite`` is set.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from transformer_jax.evaluation import by_length as by_length_lib
 from transformer_jax.runtime import output_file
@@ -95,14 +98,18 @@ def check_arguments(workdir: str, *, step: int | None, average_last: int, split:
 
 
 def output_stem(output_dir: str, *, split: str, step: int, source_file: str | None,
-                average_last: int, engine: str = "jax", ensemble_size: int = 1) -> str:
-    """``<output_dir>/<name>-<step>[-avg<N>][-ens<M>][-<engine>]``: name is the split, or the source
-    file's base name; M counts the models decoded together; the engine is named unless it is the JAX
+                average_last: int, engine: str = "jax", ensemble: Sequence[tuple[str, Any]] = ()) -> str:
+    """``<output_dir>/<name>-<step>[-avg<N>][-ens<M>-<key>][-<engine>]``: name is the split, or the source
+    file's base name; ``ensemble`` is (workdir, steps) of each of the M > 1 models decoded together, the
+    first included, and key a hash of them (the first's, then the others' in any order), so that another
+    ensemble with the same first model is named apart; the engine is named unless it is the JAX
     reference."""
     name = os.path.basename(source_file) if source_file else split
     suffix = f"-avg{average_last}" if average_last > 1 else ""
-    if ensemble_size > 1:
-        suffix += f"-ens{ensemble_size}"
+    if len(ensemble) > 1:
+        first, *others = ([os.path.realpath(d), json.loads(json.dumps(s))] for d, s in ensemble)
+        members = json.dumps([first, *sorted(others)]).encode()
+        suffix += f"-ens{len(ensemble)}-{hashlib.sha256(members).hexdigest()[:8]}"
     if engine != "jax":
         suffix += f"-{engine}"
     return os.path.join(output_dir, f"{name}-{step}{suffix}")

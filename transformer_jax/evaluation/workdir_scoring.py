@@ -29,6 +29,7 @@ from transformer_jax.data.sources import read_parallel_numbered
 from transformer_jax.data.treebank import is_parsing
 from transformer_jax.evaluation import ctranslate2_engine, evaluate_args, scoring, tasks, translation
 from transformer_jax.evaluation.translation import Settings
+from transformer_jax.model import ensemble as ensemble_lib
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.ensemble import Ensemble
 from transformer_jax.runtime.errors import ConfigError, MissingFileError
@@ -92,7 +93,7 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
       ensemble: more workdirs whose models decode together with ``workdir``'s (``model.ensemble``: the
         mean of their distributions), each at its latest good checkpoint with the same averaging; they
         must have the same model shape and tokenizer. Perplexity is the ensemble's; outputs are named
-        ``...-ens<M>``.
+        ``...-ens<M>-<key>``, key a hash of the models' workdirs and steps.
     """
     out_dir = output_dir or evaluate_args.default_output_dir(workdir)
     _check_engine(engine, threads, quantization)
@@ -113,9 +114,10 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
                           "leave --engine out")
     # The other models are checked against the first before any output is claimed.
     members = [_ensemble_member(restored, d, average_last, from_config) for d in ensemble]
+    others = [(d, steps) for d, (_, steps) in zip(ensemble, members, strict=True)]
     stem = evaluate_args.output_stem(out_dir, split=split, step=restored.step, source_file=source_file,
                                      average_last=average_last, engine=engine,
-                                     ensemble_size=1 + len(ensemble))
+                                     ensemble=[(workdir, restored.step), *others])
     with contextlib.ExitStack() as stack:
         # Claimed before anything is decoded: a second evaluate.py of the same outputs is refused now.
         txt_path, json_path = stack.enter_context(evaluate_args.claimed_outputs(stem, overwrite=overwrite))
@@ -152,13 +154,13 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
 def _ensemble_member(first: Restored, workdir: str, average_last: int, from_config: bool
                      ) -> tuple[Any, list[int]]:
     """(params, averaged steps) of ``workdir``'s latest good checkpoint, averaged as ``first``'s;
-    ConfigError unless its model shape and tokenizer are ``first``'s (the ids must mean the same)."""
+    ConfigError unless its model shape (``ensemble.shape_differences``) and tokenizer are ``first``'s (the
+    ids must mean the same); it may differ in how it was trained (dropout) or is computed (dtype)."""
     restored = restore_workdir(workdir, None)
-    if restored.model_config != first.model_config:
-        mine, theirs = dataclasses.asdict(first.model_config), dataclasses.asdict(restored.model_config)
-        differ = ", ".join(f"{k}={theirs[k]!r} (first: {mine[k]!r})" for k in mine if mine[k] != theirs[k])
-        raise ConfigError(f"--ensemble={workdir}: its model differs from --workdir's: {differ}; an "
-                          "ensemble needs models of one shape")
+    differ = ensemble_lib.shape_differences(first.model_config, restored.model_config)
+    if differ:
+        raise ConfigError(f"--ensemble={workdir}: its model differs from --workdir's: {', '.join(differ)}; "
+                          "an ensemble needs models of one shape")
     if restored.tokenizer.sha256 != first.tokenizer.sha256:
         raise ConfigError(f"--ensemble={workdir}: its tokenizer differs from --workdir's, so the same id "
                           "means another piece; ensemble runs trained on the same data and vocabulary")
