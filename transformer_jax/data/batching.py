@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from transformer_jax.model.special_ids import EOS_ID, PAD_ID, UNK_ID
+from transformer_jax.runtime.errors import DataError
 
 if TYPE_CHECKING:  # only annotated: the tokenizer module imports this one's callers
     from transformer_jax.data.tokenizer import Tokenizer
@@ -348,14 +349,17 @@ class TrainIterator:
         """Continues the identical sequence from `state` (from `get_state`).
 
         Raises:
-          ValueError: the state was saved for different data or batching (seed, number of
-            examples or batches per epoch differ).
+          DataError: the state was saved for different data or batching (seed, number of
+            examples or batches per epoch differ); one line saying what may have changed.
         """
         for key in ("seed", "num_examples", "batches_per_epoch"):
             if int(state[key]) != getattr(self, key):
-                raise ValueError(
+                raise DataError(
                     f"iterator state has {key}={state[key]} but this iterator has"
-                    f" {key}={getattr(self, key)}; was the data, tokenizer or data_config changed?"
+                    f" {key}={getattr(self, key)}: the checkpoint's position in the train data does not fit"
+                    " the data now (the train files, the tokenizer, or a data setting such as data.max_len"
+                    " or the batch settings changed since it was saved). Resume with the run's own data"
+                    " and settings, or train in a new --workdir"
                 )
         step = int(state["step"])
         if not 0 <= step < self.batches_per_epoch:

@@ -21,7 +21,7 @@ from typing import Any, Protocol, overload
 from transformer_jax.data.config import validate_data_config
 from transformer_jax.data.synthetic import SyntheticSource
 from transformer_jax.data.treebank import PARSING_SOURCES, TreebankSource
-from transformer_jax.runtime.errors import DataError, MissingFileError
+from transformer_jax.runtime.errors import DataError, MissingFileError, UserError
 
 SPLITS = ("train", "dev", "test")
 
@@ -231,9 +231,16 @@ def check_input_files(data_config: Any, splits: Sequence[str] = SPLITS) -> None:
                 f"{path}: no such file or folder; it holds {what}. Fix the data.* fields or create it"
                 + (" (python -m transformer_jax.data.prepare --help)" if data_config.source == "text"
                    else ""))
+        if data_config.source == "text" and path.is_dir():
+            raise DataError(f"{path} is a folder; expected a file of {what}, one sentence per line. Fix "
+                            "the data.* fields or put the file there")
 
 
 # ----------------------------------------------------------------------------- TFDS
+
+class NotPreparedError(UserError, RuntimeError):
+    """A TFDS dataset is not prepared and cannot be downloaded here; the message says how to prepare it."""
+
 
 # WMT downloads come from statmt.org; probing it tells us quickly whether we are offline.
 _PROBE_HOST = ("www.statmt.org", 443)
@@ -292,7 +299,7 @@ class TfdsSource:
     `name` is any registered builder (e.g. 'wmt14_translate/de-en'); `src_lang`/`tgt_lang` pick
     its feature keys, so either direction works. If the data is not prepared in `data_dir`,
     it is downloaded and prepared (file_format='array_record') only when the download host
-    answers within seconds; offline, a RuntimeError explains how to prepare it elsewhere.
+    answers within seconds; offline, a NotPreparedError (one line) explains how to prepare it elsewhere.
     Dev and test pairs with an empty side are skipped (`num_skipped`); 'train' is lazy
     (`TfdsPairs`) and the batching code drops empty pairs.
     """
@@ -324,7 +331,7 @@ class TfdsSource:
         builder = tfds.builder(self.name, data_dir=self.data_dir)
         if not builder.is_prepared():
             if not is_online():
-                raise RuntimeError(self._offline_message(builder.data_dir))
+                raise NotPreparedError(self._offline_message(builder.data_dir))
             logging.info("Preparing %s in %s (array_record)", self.name, builder.data_dir)
             builder.download_and_prepare(file_format="array_record")
         self._builder = builder

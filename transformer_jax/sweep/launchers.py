@@ -133,6 +133,10 @@ def read_result(row_dir: str) -> tuple[dict | None, str | None]:
     missing = [k for k in RESULT_KEYS if k not in result] if isinstance(result, dict) else list(RESULT_KEYS)
     if missing:
         return None, f"{path} is not a result (it lacks {', '.join(missing)})"
+    unscored = [f"{k}={result[k]!r}" for k in RESULT_KEYS
+                if isinstance(result[k], bool) or not isinstance(result[k], int | float)]
+    if unscored:
+        return None, f"{path} holds no scores ({', '.join(unscored)}; expected numbers)"
     return result, None
 
 
