@@ -5,6 +5,7 @@
     python train.py --config=configs/table3.py:C-dmodel256,multi30k   # shrunk: Multi30k EN->DE, 2 CPU cores
     python -m transformer_jax.sweep --grid table3 --rows A,E --scale cpu --workdir runs/table3
     python -m transformer_jax.sweep --grid table3 --rows A,B,D,E --scale multi30k --workdir runs/t3m
+    python -m transformer_jax.sweep --grid table3 --rows E,E+ --seeds 3 --scale multi30k --workdir runs/t3e
 
 The config argument is ``<row>[,<scale>]``: ``row`` is a name of ``paper.TABLE3`` (``base``, ``A-heads1``,
 ``A-heads4``, ``A-heads16``, ``A-heads32``, ``B-dk16``, ``B-dk32``, ``C-layers2``, ``C-layers4``,
