@@ -25,11 +25,19 @@ CHUNK_PAIRS = 7  # 58 chunks of the 400-row corpus
 class FaultyCorpus(corpora.TextCorpus):
     """A ``TextCorpus`` whose worker processes die or dawdle: a worker reading the chunk that starts at row
     ``kill_row`` kills itself with SIGKILL (once, if ``kill_once`` names a file it then creates; else every
-    time), and every read takes ``delay`` more seconds."""
+    time), every read takes ``delay`` more seconds, and with ``kill_builder`` the builder process is killed
+    before it starts encoding."""
 
     kill_row: int = -1
     kill_once: str = ""
     delay: float = 0.0
+    kill_builder: bool = False  # the builder process kills itself once it has found the lines
+
+    def indexed(self):
+        indexed = super().indexed()
+        if self.kill_builder and sys.argv[0] == "-c":  # the builder, a fresh interpreter (cache_build)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return indexed
 
     def read(self, start: int, stop: int):
         in_worker = multiprocessing.parent_process() is not None

@@ -93,6 +93,16 @@ def test_a_chunk_whose_worker_dies_twice_ends_the_build_in_one_line_and_the_next
     _check_equals_in_memory(tmp_path, tok, caplog)
 
 
+def test_a_killed_builder_process_ends_the_build_in_one_line(tmp_path, monkeypatch):
+    _write_corpus(tmp_path)
+    tok = tokenizer.Tokenizer(corpus_cache.shared_tokenizer(_config(tmp_path)))
+    faulty_corpora.faulty(monkeypatch.setattr, kill_builder=True)
+    with pytest.raises(cache_build.WorkerDiedError, match=r"^the data cache's builder process was killed by "
+                       r"SIGKILL \(most likely the out-of-memory killer\); the chunks it finished are kept"):
+        pipeline.make_train_iterator(_config(tmp_path), tok, seed=5)
+    assert _lock_is_free(tmp_path)
+
+
 def _start_a_run(folder: Path, *options: str) -> subprocess.Popen:
     """``faulty_corpora.py``'s start of a run, as a process group of its own (its builder and workers)."""
     return subprocess.Popen([sys.executable, str(TESTS / "faulty_corpora.py"), str(folder), *options],
@@ -147,6 +157,32 @@ def test_a_stop_signal_to_the_process_group_ends_the_build_cleanly_and_the_next_
     assert f"{kept} of {CHUNKS} chunks were encoded before" in err and "Data: 398 train pairs encoded" in out
     tok = tokenizer.Tokenizer(corpus_cache.shared_tokenizer(_config(tmp_path)))
     _check_equals_in_memory(tmp_path, tok, caplog)
+
+
+def test_a_stop_signal_while_waiting_for_another_process_s_build_ends_the_wait_cleanly(tmp_path):
+    _write_corpus(tmp_path)
+    builder = _start_a_run(tmp_path, "--delay=0.3")
+    try:
+        while not _chunk_files(tmp_path):
+            assert builder.poll() is None, builder.communicate()
+            time.sleep(0.1)
+        with open(tmp_path / "waiter.err", "w+") as err:
+            waiter = subprocess.Popen([sys.executable, str(TESTS / "faulty_corpora.py"), str(tmp_path)],
+                                      stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
+            while "Waiting for another process that is building" not in (tmp_path / "waiter.err").read_text():
+                assert waiter.poll() is None, (tmp_path / "waiter.err").read_text()
+                time.sleep(0.1)
+            os.killpg(waiter.pid, signal.SIGTERM)
+            out, _ = waiter.communicate(timeout=60)
+        assert waiter.returncode == 0 and "Traceback" not in (tmp_path / "waiter.err").read_text()
+        assert ("Stopped by SIGTERM while waiting for another process that builds the encoded train split. "
+                "Run the same command again to go on.") in out
+        assert builder.poll() is None  # the build goes on
+    finally:
+        for run in (builder, locals().get("waiter")):
+            if run is not None and run.poll() is None:
+                os.killpg(run.pid, signal.SIGKILL)
+                run.communicate()
 
 
 UNGUARDED = """\

@@ -359,13 +359,13 @@ def run_builder(function: Callable[..., Any], *args: Any, folder: Path) -> Any:
         request.unlink(missing_ok=True)
     outcome = pickle.loads(reply.read_bytes()) if reply.is_file() else {}
     reply.unlink(missing_ok=True)
+    if "result" in outcome:  # whole, whatever came meanwhile (``stopping`` passes a signal on)
+        return outcome["result"]
     signum = outcome.get("stopped") or (state.signum if state is not None else None)
     if signum:
         raise BuildStopped(signum, outcome.get("detail"))
     if "error" in outcome:
         raise outcome["error"]
-    if "result" not in outcome:
-        raise WorkerDiedError(f"the data cache's builder process {how_it_died(process.returncode)}; what it "
-                              "finished is kept, and the same command goes on from there")
-    return outcome["result"]
+    raise WorkerDiedError(f"the data cache's builder process {how_it_died(process.returncode)}; the chunks "
+                          "it finished are kept, and the same command goes on from them")
 
