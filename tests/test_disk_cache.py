@@ -260,7 +260,7 @@ def test_a_full_disk_during_a_build_is_one_line_naming_the_caches_filesystem(tmp
     message = str(info.value)
     assert message.startswith(f"no space left building the entry in {tmp_path / 'cache' / 'kind'}: ")
     assert f"filesystem mounted at {disk.mount_point(str(tmp_path))} " in message and "\n" not in message
-    assert "the partial build was removed" in message and "config.data.cache_dir" in message
+    assert "the half-written entry was removed" in message and "config.data.cache_dir" in message
     left = sorted(p.name for p in (tmp_path / "cache" / "kind").iterdir())
     assert left == [f"{disk_cache.spec_key(SPEC)}.lock"]  # no .tmp-<pid>, no .builder
     other = OSError("a build that fails otherwise")

@@ -447,7 +447,7 @@ def open_or_build(root: Path, kind: str, spec: Mapping[str, Any],
         ``data_cache``); None: raise ``CacheError`` instead.
       what: words for messages, e.g. 'the encoded train split'.
 
-    Raises ``DiskFullError`` (naming the cache's filesystem; the partial build removed) when the disk
+    Raises ``DiskFullError`` (naming the cache's filesystem; the half-written entry removed) when the disk
     fills up during the build, ``CacheError`` when a file has the entry's name.
     """
     key = spec_key(spec)
@@ -498,8 +498,9 @@ def open_or_build(root: Path, kind: str, spec: Mapping[str, Any],
             raise
         where = disk.describe_filesystem(str(folder))
         raise DiskFullError(f"no space left building {what} in {folder}: {where} ran out of space; the "
-                            "partial build was removed. Free some space there, or set config.data.cache_dir "
-                            f"(or ${CACHE_ENV}) to a filesystem with room, and run again") from None
+                            "half-written entry was removed. Free some space there, or set "
+                            f"config.data.cache_dir (or ${CACHE_ENV}) to a filesystem with room, and run "
+                            "again") from None
     for name, (_, sha) in manifest["files"].items():  # an open of the new entry reads none of its files
         path = os.path.realpath(entry / name)
         _remember(index, path, _stamp(os.stat(path)), sha)
