@@ -9,7 +9,7 @@ import pytest
 
 from transformer_jax.inspect import positions, run_all
 from transformer_jax.model.config import ModelConfig
-from transformer_jax.model.transformer import sinusoidal_table
+from transformer_jax.model.positions import sinusoidal_table
 
 
 def test_pe_linear_offset_check_passes_on_the_real_table_and_fails_when_corrupted():

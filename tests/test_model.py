@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from tiny import random_params
 
+from transformer_jax.model import positions
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.model.config import ModelConfig, param_count
 from transformer_jax.model.transformer import Transformer
@@ -75,7 +76,11 @@ def test_base_param_count_by_hand():
     (dict(num_encoder_layers=0), "num_encoder_layers must be a positive integer"),
     (dict(dropout_rate=1.0), r"dropout_rate must be in \[0, 1\), got 1.0"),
     (dict(dropout_rate=-0.1), r"dropout_rate must be in \[0, 1\)"),
-    (dict(position_encoding="rotary"), "position_encoding must be one of .* got 'rotary'"),
+    (dict(position_encoding="xpos"), "position_encoding must be one of .* got 'xpos'"),
+    (dict(position_encoding="alibi", attention_impl="blockwise"), "only attention_impl='dense'"),
+    (dict(position_encoding="relative", attention_impl="fused"), "only attention_impl='dense'"),
+    (dict(position_encoding="relative", max_relative_position=0), "max_relative_position must be"),
+    (dict(position_encoding="rotary", d_k=5, d_v=5), "d_k must be even"),
     (dict(norm_style="sandwich"), "norm_style must be one of"),
     (dict(attention_init="xavier"), "attention_init must be one of .* got 'xavier'"),
     (dict(dtype="float16"), "dtype must be one of"),
@@ -91,7 +96,7 @@ def test_explicit_head_sizes_allow_indivisible_d_model():
 
 
 def test_sinusoidal_table_matches_the_formula():
-    table = model_lib.sinusoidal_table(11, 6)
+    table = positions.sinusoidal_table(11, 6)
     pos, i = 7, 1
     np.testing.assert_allclose(table[pos, 2 * i], np.sin(pos / 10000 ** (2 * i / 6)), atol=1e-6)
     np.testing.assert_allclose(table[pos, 2 * i + 1], np.cos(pos / 10000 ** (2 * i / 6)), atol=1e-6)

@@ -251,9 +251,10 @@ def _check_args(model_config: ModelConfig, inputs: Array, max_len: int | None, m
     if max_extra_len < 0 or min_len < 0:
         raise ValueError(f"max_extra_len and min_len must be >= 0, got {max_extra_len} and {min_len}")
     max_len = inputs.shape[1] + max_extra_len if max_len is None else max_len
-    if not 0 < max_len <= model_config.max_len:
+    limit = model_config.position_limit  # the learned table's rows; None: any length
+    if max_len < 1 or (limit is not None and max_len > limit):
         raise ValueError(
-            f"output length {max_len} must be in [1, model max_len={model_config.max_len}]; pass a "
+            f"output length {max_len} must be in [1, the learned position table's max_len={limit}]; pass a "
             f"smaller max_len or max_extra_len, or build the model with a larger max_len")
     return int(max_len)
 

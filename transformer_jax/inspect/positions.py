@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from transformer_jax.inspect import artifacts
-from transformer_jax.model.transformer import sinusoidal_table
+from transformer_jax.model.positions import sinusoidal_table
 
 
 def _check_table(table: np.ndarray) -> np.ndarray:

@@ -148,7 +148,8 @@ def dot_product_attention(
     return (out, weights) if return_weights else out
 
 
-def decode_attention(query: Array, key: Array, value: Array, mask: Array | None) -> tuple[Array, Array]:
+def decode_attention(query: Array, key: Array, value: Array, mask: Array | None, *,
+                     bias: Array | None = None) -> tuple[Array, Array]:
     """One cached decoding step: ``batch * group`` single-position queries against head-major keys.
 
     The queries of one example (its ``group`` beams) share that example's keys, so each (example, head)
@@ -163,6 +164,8 @@ def decode_attention(query: Array, key: Array, value: Array, mask: Array | None)
       key: float[batch, num_heads, kv_len, d_k].
       value: float[batch, num_heads, kv_len, d_v].
       mask: bool[batch|1, 1, kv_len, group|1] (keys first); True = may attend. Or None.
+      bias: float[batch * group|1, num_heads, 1, kv_len] (the queries' rows), added to the scaled logits,
+        or None.
 
     Returns:
       float[batch * group, 1, num_heads, d_v] and float32 weights [batch, num_heads, group, kv_len].
@@ -176,7 +179,12 @@ def decode_attention(query: Array, key: Array, value: Array, mask: Array | None)
     query = query.reshape(batch, group, num_heads, d_k).transpose(0, 2, 1, 3)  # [B, H, G, d_k]
     query = query / jnp.asarray(math.sqrt(d_k), query.dtype)
     logits = jnp.einsum("bhkd,bhgd->bhkg", key, query)  # [B, H, K, G]
-    weights = masked_softmax(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), mask, axis=2)
+    logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
+    if bias is not None:  # [rows|1, H, 1, K] -> [B|1, H, K, G|1]
+        bias = jnp.swapaxes(bias, 2, 3) if bias.shape[0] == 1 else (
+            bias.reshape(batch, group, num_heads, -1).transpose(0, 2, 3, 1))
+        logits = logits + bias
+    weights = masked_softmax(logits, mask, axis=2)
     out = jnp.einsum("bhkg,bhkd->bhgd", weights.astype(value.dtype), value)  # [B, H, G, d_v]
     out = out.transpose(0, 2, 1, 3).reshape(rows, 1, num_heads, value.shape[-1])
     return out, jnp.swapaxes(weights, 2, 3)

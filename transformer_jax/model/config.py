@@ -12,7 +12,11 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-POSITION_ENCODINGS = ("sinusoidal", "learned")
+# "sinusoidal" (the paper), "learned" (Table 3 row E), and beyond the paper: "rotary" (RoPE), "alibi",
+# "relative" (Shaw et al. 2018) and "none". model/positions.py implements each.
+POSITION_ENCODINGS = ("sinusoidal", "learned", "rotary", "alibi", "relative", "none")
+# Schemes that put a bias or a relative term into the attention logits: only dense attention computes them.
+LOGIT_POSITION_ENCODINGS = ("alibi", "relative")
 NORM_STYLES = ("post", "pre")
 ATTENTION_IMPLEMENTATIONS = ("dense", "blockwise", "fused")
 ATTENTION_INITS = ("matrix", "narrow")
@@ -42,8 +46,11 @@ class ModelConfig:
     num_decoder_layers: int = 6
     dropout_rate: float = 0.1  # P_drop: sub-layer outputs and embedding + position sums
     attention_dropout_rate: float = 0.0  # not in the paper; tensor2tensor used 0.0
-    max_len: int = 256  # longest position the position table covers
-    position_encoding: str = "sinusoidal"  # or "learned" (Table 3 row E)
+    # The learned position table's size: its longest sequence. The other schemes take any length; for them
+    # it is only the default output buffer of decoding.
+    max_len: int = 256
+    position_encoding: str = "sinusoidal"  # one of POSITION_ENCODINGS; "learned" is Table 3 row E
+    max_relative_position: int = 16  # position_encoding="relative": distances are clipped to [-k, k]
     norm_style: str = "post"  # "post" is the paper's LayerNorm(x + Sublayer(x))
     # "dense" forms the weights; "blockwise": memory O(n) in length (FlashAttention-style, in JAX);
     # "fused": jax.nn.dot_product_attention, cuDNN's flash attention on a GPU in bfloat16, XLA elsewhere
@@ -65,7 +72,8 @@ class ModelConfig:
         if self.d_v is None:
             object.__setattr__(self, "d_v", self._default_head_dim("d_v"))
         for name in ("vocab_size", "d_model", "d_ff", "num_heads", "d_k", "d_v",
-                     "num_encoder_layers", "num_decoder_layers", "max_len", "attention_block_size"):
+                     "num_encoder_layers", "num_decoder_layers", "max_len", "attention_block_size",
+                     "max_relative_position"):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -88,6 +96,17 @@ class ModelConfig:
                 f"{self.attention_witness}, attention_dropout_rate={self.attention_dropout_rate}")
         if self.attention_impl == "fused":
             self._check_fused()
+        if self.attention_impl != "dense" and self.position_encoding in LOGIT_POSITION_ENCODINGS:
+            raise ValueError(
+                f"position_encoding={self.position_encoding!r} adds to the attention logits, which only "
+                f"attention_impl='dense' computes; got attention_impl={self.attention_impl!r}")
+        if self.position_encoding == "relative" and self.attention_dropout_rate > 0:
+            raise ValueError("position_encoding='relative' adds its value term with the attention weights "
+                             "before dropout, so it takes no attention dropout; got attention_dropout_rate="
+                             f"{self.attention_dropout_rate}")
+        if self.position_encoding == "rotary" and self.d_k % 2:
+            raise ValueError(f"position_encoding='rotary' rotates pairs of dimensions, so d_k must be even, "
+                             f"got d_k={self.d_k}")
 
     def _check_fused(self) -> None:
         """One line for each option ``jax.nn.dot_product_attention`` cannot serve."""
@@ -110,6 +129,11 @@ class ModelConfig:
                 f"set {name} explicitly or change num_heads"
             )
         return self.d_model // self.num_heads
+
+    @property
+    def position_limit(self) -> int | None:
+        """The longest sequence the model takes: ``max_len`` for the learned table, else None (any length)."""
+        return self.max_len if self.position_encoding == "learned" else None
 
     @property
     def compute_dtype(self):
@@ -139,6 +163,9 @@ def param_count(config: ModelConfig) -> int:
     decoder_layer = 2 * attention_params + ffn_params + 3 * layer_norm
     embeddings = config.vocab_size * d  # shared by source, target and the output projection
     positions = 2 * config.max_len * d if config.position_encoding == "learned" else 0
+    if config.position_encoding == "relative":  # a^K [2k+1, d_k] and a^V [2k+1, d_v] per self-attention
+        relative_table = (2 * config.max_relative_position + 1) * (config.d_k + config.d_v)
+        positions = (config.num_encoder_layers + config.num_decoder_layers) * relative_table
     final_norms = 2 * layer_norm if config.norm_style == "pre" else 0
     return (config.num_encoder_layers * encoder_layer + config.num_decoder_layers * decoder_layer
             + embeddings + positions + final_norms)

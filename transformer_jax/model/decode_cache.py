@@ -123,6 +123,11 @@ class DecodeCache(NamedTuple):
         return self._replace(
             ancestry=jax.lax.dynamic_update_slice_in_dim(self.ancestry, own_slot, self.index, 1))
 
+    def key_positions(self) -> Array:
+        """int32[cache_len * beams]: the position of each self-attention key slot (index ``t * beams + j``
+        holds position t)."""
+        return jnp.arange(self.cache_len * self.beams, dtype=jnp.int32) // self.beams
+
     def self_attention_mask(self) -> Array:
         """Which cached positions each beam row attends to (keys first, ``attention.decode_attention``).
 

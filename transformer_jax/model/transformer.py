@@ -8,7 +8,8 @@ feed-forward network), ``num_heads`` (h), ``d_k`` / ``d_v`` (per-head query-key 
 Faithful to the paper by default:
   * one embedding matrix shared by the source, the target and the pre-softmax projection, with
     embeddings multiplied by sqrt(d_model) (section 3.4);
-  * sinusoidal positions (section 3.5), a learned table as the Table 3 (E) option;
+  * sinusoidal positions (section 3.5), a learned table as the Table 3 (E) option, and beyond the paper
+    rotary, ALiBi, relative (Shaw et al. 2018) or no positions (``positions.py``);
   * post-norm residuals LayerNorm(x + Dropout(Sublayer(x))) (section 3.1, 5.4), pre-norm as an option;
   * attention projections W^Q, W^K, W^V, W^O without biases (equation on page 5); FFN with biases.
 
@@ -25,9 +26,8 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from transformer_jax.model import attention, blockwise_attention, fused_attention
+from transformer_jax.model import attention, blockwise_attention, fused_attention, positions
 from transformer_jax.model.axes import BATCH, EMBED, HEADS, KV, LENGTH, MLP, VOCAB
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.decode_cache import DecodeCache, LayerCache
@@ -41,17 +41,6 @@ def shift_right(targets: Array, bos_id: int = BOS_ID) -> Array:
     start = jnp.full_like(targets[:, :1], bos_id)
     shifted = jnp.concatenate([start, targets[:, :-1]], axis=1)
     return shifted
-
-
-def sinusoidal_table(max_len: int, d_model: int) -> np.ndarray:
-    """float32[max_len, d_model]: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...)."""
-    positions = np.arange(max_len, dtype=np.float64)[:, None]  # [L, 1]
-    rates = 1.0 / np.power(10000.0, np.arange(0, d_model, 2, dtype=np.float64) / d_model)  # [D/2]
-    angles = positions * rates[None, :]  # [L, D/2]
-    table = np.zeros((max_len, d_model), np.float64)
-    table[:, 0::2] = np.sin(angles)
-    table[:, 1::2] = np.cos(angles[:, : d_model // 2])
-    return table.astype(np.float32)
 
 
 def _dense_init(in_axis: int | tuple[int, ...] = -2, out_axis: int | tuple[int, ...] = -1):
@@ -95,33 +84,6 @@ class Embed(nn.Module):
         return _constrain(logits.astype(jnp.float32), (BATCH, LENGTH, VOCAB))
 
 
-class AddPositions(nn.Module):
-    """Adds sinusoidal or learned positions; in decode mode, the position of the cached step."""
-
-    config: ModelConfig
-
-    @nn.compact
-    def __call__(self, x: Array, index: Array | None = None) -> Array:
-        """float[batch, length, d_model] -> same shape, positions 0.. added (with ``index``, an int32
-        scalar, the one position ``index`` to x float[rows, 1, d_model]: a cached decoding step)."""
-        cfg = self.config
-        length = x.shape[1]
-        if cfg.position_encoding == "learned":
-            table = self.param(
-                "position_embedding",
-                nn.with_logical_partitioning(nn.initializers.normal(stddev=cfg.d_model**-0.5),
-                                             (None, EMBED)),
-                (cfg.max_len, cfg.d_model), jnp.float32)
-        else:
-            table = jnp.asarray(sinusoidal_table(cfg.max_len, cfg.d_model))
-        if index is not None:
-            position = jax.lax.dynamic_slice_in_dim(table, index, 1)  # [1, D]
-            return x + position[None].astype(x.dtype)
-        if length > cfg.max_len:
-            raise ValueError(f"sequence length {length} exceeds max_len={cfg.max_len} of the model")
-        return x + table[None, :length].astype(x.dtype)
-
-
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O with head_i = Attention(Q W^Q_i, K W^K_i, V W^V_i).
 
@@ -133,9 +95,12 @@ class MultiHeadAttention(nn.Module):
 
     config: ModelConfig
     causal: bool = False  # decoder self-attention: position i attends to positions <= i
+    self_attention: bool = False  # the position scheme acts here (positions.SelfAttentionPositions)
 
     def setup(self):
         cfg = self.config
+        if self.self_attention:
+            self.positions = positions.SelfAttentionPositions(cfg)
         # float32 parameters, created in this order (each draws the module's next "params" key)
         self.w_q = self._kernel("query", cfg.d_k)
         self.w_k = self._kernel("key", cfg.d_k)
@@ -162,9 +127,18 @@ class MultiHeadAttention(nn.Module):
         out = jnp.einsum("blhk,hkd->bld", heads, self.w_o.astype(self.config.compute_dtype))
         return _constrain(out, (BATCH, LENGTH, EMBED))
 
-    def keys_values(self, inputs_kv: Array) -> tuple[Array, Array]:
-        """float[batch, kv_len, d_model] -> keys float[batch, kv_len, h, d_k], values [.., d_v]."""
-        return self._project(inputs_kv, self.w_k), self._project(inputs_kv, self.w_v)
+    def keys_values(self, inputs_kv: Array, kv_positions: Array | None = None) -> tuple[Array, Array]:
+        """float[batch, kv_len, d_model] -> keys float[batch, kv_len, h, d_k], values [.., d_v]; in
+        self-attention the keys are at ``kv_positions`` int32[kv_len] (rotary rotates them)."""
+        key = self._project(inputs_kv, self.w_k)
+        if self.self_attention:
+            key = self.positions.rotate(key, kv_positions)
+        return key, self._project(inputs_kv, self.w_v)
+
+    def _queries(self, inputs_q: Array, q_positions: Array | None) -> Array:
+        """float[batch, q_len, d_model] -> float[batch, q_len, h, d_k] at ``q_positions`` int32[q_len]."""
+        query = self._project(inputs_q, self.w_q)
+        return self.positions.rotate(query, q_positions) if self.self_attention else query
 
     def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Array | None) -> Array:
         """Attention from ``inputs_q`` to ``inputs_kv``.
@@ -179,9 +153,10 @@ class MultiHeadAttention(nn.Module):
           float[batch, q_len, d_model].
         """
         cfg = self.config
-        query = self._project(inputs_q, self.w_q)
-        key, value = self.keys_values(inputs_kv)
-        if cfg.attention_impl == "blockwise":
+        q_positions, kv_positions = jnp.arange(inputs_q.shape[1]), jnp.arange(inputs_kv.shape[1])
+        query = self._queries(inputs_q, q_positions)
+        key, value = self.keys_values(inputs_kv, kv_positions)
+        if cfg.attention_impl == "blockwise":  # no logit terms (ModelConfig refuses those schemes)
             out = blockwise_attention.blockwise_attention(
                 query, key, value, mask, causal=self.causal, block_size=cfg.attention_block_size)
             return self._output(out)
@@ -194,9 +169,12 @@ class MultiHeadAttention(nn.Module):
         dropout_rng = None
         if not cfg.deterministic and cfg.attention_dropout_rate > 0:
             dropout_rng = self.make_rng("dropout")
+        bias = self.positions.logit_bias(query, q_positions, kv_positions) if self.self_attention else None
         out, weights = attention.dot_product_attention(
-            query, key, value, mask, return_weights=True,
+            query, key, value, mask, bias=bias, return_weights=True,
             dropout_rate=0.0 if dropout_rng is None else cfg.attention_dropout_rate, rng=dropout_rng)
+        if self.self_attention:
+            out = self.positions.add_output_term(out, weights, q_positions, kv_positions)
         if cfg.attention_witness:
             attention.witness_in_jit(weights, mask)
         # Free unless "intermediates" is mutable: lets analysis read the maps, queries and keys.
@@ -205,7 +183,8 @@ class MultiHeadAttention(nn.Module):
         self.sow("intermediates", "keys", key)  # [B, K, H, d_k]
         return self._output(out)
 
-    def attend_cached(self, inputs_q: Array, key: Array, value: Array, mask: Array) -> Array:
+    def attend_cached(self, inputs_q: Array, key: Array, value: Array, mask: Array,
+                      q_position: Array | None = None, kv_positions: Array | None = None) -> Array:
         """One decoding step's attention to cached keys and values (``attention.decode_attention``).
 
         Args:
@@ -214,16 +193,22 @@ class MultiHeadAttention(nn.Module):
             beams of an example (a ``LayerCache``'s).
           mask: bool[batch|1, 1, keys, beams|1], keys first: the source padding (cross-attention) or
             ``DecodeCache.self_attention_mask`` (self-attention).
+          q_position: self-attention only: int32[1], the step's position; kv_positions: int32[keys], the
+            cached keys' positions (``DecodeCache.key_positions``).
 
         Returns:
           float[batch * beams, 1, d_model].
         """
-        query = self._project(inputs_q, self.w_q)
+        query = self._queries(inputs_q, q_position)
         if self.config.attention_impl == "fused":
             return self._output(self._attend_cached_fused(query, key, value, mask))
-        out, weights = attention.decode_attention(query, key, value, mask)
+        bias = self.positions.logit_bias(query, q_position, kv_positions) if self.self_attention else None
+        out, weights = attention.decode_attention(query, key, value, mask, bias=bias)
         if self.config.attention_witness:
             attention.witness_in_jit(weights, jnp.swapaxes(mask, 2, 3))
+        if self.self_attention:  # weights [B, H, beams, keys] -> [B * beams, H, 1, keys]
+            rows_weights = jnp.swapaxes(weights, 1, 2).reshape(query.shape[0], -1, 1, weights.shape[-1])
+            out = self.positions.add_output_term(out, rows_weights, q_position, kv_positions)
         return self._output(out)
 
     def _fused_implementation(self) -> str:
@@ -298,7 +283,7 @@ class EncoderLayer(nn.Module):
     def __call__(self, x: Array, mask: Array) -> Array:
         """float[batch, src_len, d_model], bool[batch, 1, 1, src_len] -> float[batch, src_len, d_model]."""
         cfg = self.config
-        self_attention = MultiHeadAttention(cfg, name="self_attention")
+        self_attention = MultiHeadAttention(cfg, self_attention=True, name="self_attention")
         x = Residual(cfg, name="attention_block")(x, lambda y: self_attention(y, y, mask))
         return Residual(cfg, name="ffn_block")(x, FeedForward(cfg, name="ffn"))
 
@@ -310,7 +295,7 @@ class DecoderLayer(nn.Module):
 
     def setup(self):
         cfg = self.config
-        self.self_attention = MultiHeadAttention(cfg, causal=True)
+        self.self_attention = MultiHeadAttention(cfg, causal=True, self_attention=True)
         self.cross_attention = MultiHeadAttention(cfg)
         self.self_attention_block = Residual(cfg)
         self.cross_attention_block = Residual(cfg)
@@ -325,7 +310,7 @@ class DecoderLayer(nn.Module):
         return self.ffn_block(x, self.ffn)
 
     def decode_step(self, x: Array, cross_mask: Array, self_mask: Array, cache: LayerCache,
-                    index: Array) -> tuple[Array, LayerCache]:
+                    index: Array, key_positions: Array) -> tuple[Array, LayerCache]:
         """One cached step: this position's keys/values are written at ``index``, then attended with the
         cached ones.
 
@@ -334,13 +319,18 @@ class DecoderLayer(nn.Module):
           cross_mask: bool[batch, 1, src_len, 1] source padding mask, keys first.
           self_mask: bool[batch, 1, cache_len * beams, beams], ``DecodeCache.self_attention_mask``.
           cache: this layer's cache; index: int32 scalar, the position.
+          key_positions: int32[cache_len * beams], the position of each cached key
+            (``DecodeCache.key_positions``).
 
         Returns:
           float[batch * beams, 1, d_model] and the cache with this step written.
         """
+        position = index[None]  # [1]
+
         def self_attend(y):
-            written = cache.write(*self.self_attention.keys_values(y), index)
-            out = self.self_attention.attend_cached(y, written.self_key, written.self_value, self_mask)
+            written = cache.write(*self.self_attention.keys_values(y, position), index)
+            out = self.self_attention.attend_cached(y, written.self_key, written.self_value, self_mask,
+                                                    position, key_positions)
             return out, written
 
         def cross_attend(y):
@@ -360,7 +350,8 @@ class Encoder(nn.Module):
         """int[batch, src_len] source ids -> float[batch, src_len, d_model]."""
         cfg = self.config
         mask = attention.padding_mask(None, inputs)  # [B, 1, 1, S]
-        x = AddPositions(cfg, name="positions")(self.embed(inputs))
+        x = positions.AddPositions(cfg, name="positions")(
+            self.embed(inputs), jnp.arange(inputs.shape[1]), inputs.shape[1])
         x = nn.Dropout(cfg.dropout_rate, deterministic=cfg.deterministic)(x)
         x = _constrain(x, (BATCH, LENGTH, EMBED))
         for i in range(cfg.num_encoder_layers):
@@ -405,8 +396,9 @@ class Decoder(nn.Module):
         cross_mask = attention.padding_mask(None, inputs)  # [B, 1, 1, S]
         if cache is not None:
             cache = cache.start_step()
-        x = AddPositions(cfg, name="positions")(
-            self.embed(decoder_input_tokens), None if cache is None else cache.index)
+        length = decoder_input_tokens.shape[1]
+        where = (jnp.arange(length), length) if cache is None else (cache.index[None], cache.cache_len)
+        x = positions.AddPositions(cfg, name="positions")(self.embed(decoder_input_tokens), *where)
         x = self.perturb("embedded", x)  # identity; lets tests take gradients w.r.t. the inputs
         x = nn.Dropout(cfg.dropout_rate, deterministic=cfg.deterministic)(x)
         x = _constrain(x, (BATCH, LENGTH, EMBED))
@@ -415,9 +407,11 @@ class Decoder(nn.Module):
                 x = layer(x, encoded, cross_mask)
         else:  # keys first (attention.decode_attention)
             cross_mask, self_mask = jnp.swapaxes(cross_mask, 2, 3), cache.self_attention_mask()
+            key_positions = cache.key_positions()
             written = []
             for layer, layer_cache in zip(self.layers, cache.layers, strict=True):
-                x, layer_cache = layer.decode_step(x, cross_mask, self_mask, layer_cache, cache.index)
+                x, layer_cache = layer.decode_step(x, cross_mask, self_mask, layer_cache, cache.index,
+                                                   key_positions)
                 written.append(layer_cache)
             cache = cache._replace(layers=tuple(written), index=cache.index + 1)
         if cfg.norm_style == "pre":
@@ -430,9 +424,9 @@ class Decoder(nn.Module):
     def init_cache(self, encoded: Array, cache_len: int, beams: int) -> DecodeCache:
         """An empty cache of ``cache_len`` positions for ``beams`` rows per example of ``encoded``
         float[batch, src_len, d_model], with its projected keys and values (computed once)."""
-        if not 0 < cache_len <= self.config.max_len or beams < 1:
-            raise ValueError(f"a decode cache needs 1 <= cache_len <= max_len={self.config.max_len} and "
-                             f"beams >= 1, got cache_len={cache_len}, beams={beams}")
+        if cache_len < 1 or beams < 1:
+            raise ValueError(f"a decode cache needs cache_len >= 1 and beams >= 1, got {cache_len}, {beams}")
+        positions.check_length(self.config, cache_len, "a decode cache")
         head_major = lambda x: jnp.swapaxes(x, 1, 2)  # [B, S, H, d] -> [B, H, S, d]
         cross = [tuple(map(head_major, layer.cross_attention.keys_values(encoded))) for layer in self.layers]
         return DecodeCache.create(cross, cache_len, beams)
