@@ -323,6 +323,15 @@ def test_leftovers_are_removed_whatever_their_key_once_their_builder_is_gone(tmp
     assert not list(tokenizers.glob("*.tmp-*"))
 
 
+def test_a_warm_open_removes_the_leftovers_of_builds_that_ended(tmp_path):
+    entry, _ = disk_cache.open_or_build(tmp_path, "kind", SPEC, _build("hello"), fallback=None, what="e")
+    leftover = tmp_path / "kind" / f"{'a' * 20}.tmp-4"  # of an entry never built again
+    leftover.mkdir()
+    (leftover.with_name(f"{'a' * 20}.lock")).touch()
+    assert disk_cache.open_or_build(tmp_path, "kind", SPEC, _build("x"), fallback=None, what="e")[0] == entry
+    assert not leftover.exists()
+
+
 def _dead_pid() -> int:
     child = subprocess.Popen(["true"])
     child.wait()

@@ -22,7 +22,7 @@ set back), and the file is hashed again.
 
 Faults:
 - a build is written beside the entry and renamed into place, so a build killed at any point (kill -9)
-  leaves only a ``.tmp-<pid>`` folder, which the next build in the cache removes, whatever its entry,
+  leaves only a ``.tmp-<pid>`` folder, which the next open of the cache removes, whatever its entry,
   once the lock of that entry is free (its builder is gone, on any host); a build that fails (a full
   disk, a data error) removes its own;
 - builders take the lock, so two at once make one entry (the second waits, then reads it); a waiter says
@@ -351,12 +351,12 @@ def _locked(path: Path, what: str) -> Iterator[None]:
         os.close(fd)  # releases the flock
 
 
-def _remove_leftovers(root: Path, own: Path) -> None:
+def _remove_leftovers(root: Path, own: Path | None) -> None:
     """Removes the ``<key>.tmp-<pid>`` folders of builders that are gone, in every kind folder of ``root``:
     those of ``own`` (a lock file held by this process) and of any entry whose lock is free, so whose
     builder has ended, on whatever host; without a lock file, those whose pid runs on no process here."""
     with contextlib.suppress(OSError):
-        for folder in [p for p in root.iterdir() if p.is_dir()]:
+        for folder in [p for p in root.iterdir() if p.is_dir() and p.name != HASHES]:
             leftovers: dict[Path, list[Path]] = {}
             for path in folder.iterdir():
                 if (match := _LEFTOVER.fullmatch(path.name)) and path.is_dir():
@@ -456,6 +456,7 @@ def open_or_build(root: Path, kind: str, spec: Mapping[str, Any],
     index = root / HASHES
     manifest, damage = _read_manifest(entry, spec, what, index)
     if manifest is not None:
+        _remove_leftovers(root, None)  # of builds that failed or were killed, of any entry
         return entry, manifest
     reason = _writable(folder)
     if reason is not None:
