@@ -497,6 +497,23 @@ def test_an_unchanged_file_is_hashed_once_for_every_later_process(tmp_path, monk
     assert reads == ["train.en"]
 
 
+def test_a_file_written_while_it_is_hashed_is_not_recorded(tmp_path, monkeypatch):
+    monkeypatch.setattr(disk_cache, "_RACY_NS", 0)
+    monkeypatch.setattr(disk_cache, "_hashed", {})
+    train = tmp_path / "train.en"
+    train.write_text("a\n" * 10)
+
+    def open_then_append(path, mode="r", *args, **kwargs):
+        f = open(path, mode, *args, **kwargs)
+        with open(path, "a") as other:  # another process writes to it meanwhile
+            other.write("b\n")
+        return f
+
+    monkeypatch.setattr(disk_cache, "open", open_then_append, raising=False)
+    disk_cache.file_sha256(train, index=tmp_path / "hashes")
+    assert not (tmp_path / "hashes").exists()
+
+
 def test_a_warm_open_of_an_entry_reads_none_of_its_files(tmp_path, monkeypatch, reads):
     entry, manifest = disk_cache.open_or_build(tmp_path, "kind", SPEC, _build("hello" * 1000),
                                                fallback=None, what="the entry")

@@ -192,7 +192,7 @@ def file_sha256(path: str | os.PathLike, *, index: Path | None = None) -> str:
                     digest.update(block)
             sha = digest.hexdigest()
             recent = time.time_ns() - max(stamp["mtime_ns"], stamp["ctime_ns"]) < _RACY_NS
-            if index is not None and not recent:
+            if index is not None and not recent and _stamp(os.stat(real)) == stamp:  # not written meanwhile
                 _remember(index, real, stamp, sha)
         _hashed[identity] = sha
     return _hashed[identity]
