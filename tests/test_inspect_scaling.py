@@ -80,3 +80,68 @@ def test_the_model_rows_stop_when_the_recomputation_misses_the_sown_weights():
     assert _model_rows(nudged, dtype="bfloat16")[0]["sown_vs_recomputed"] == pytest.approx(0.01)
     with pytest.raises(scaling.RecomputationError):
         _model_rows(nudged)
+
+
+SCHEMES = ("sinusoidal", "learned", "rotary", "alibi", "relative", "none")
+
+
+def _tiny_dev_pass(scheme: str, **overrides):
+    """``dev.analyse_dev`` of a tiny random model of ``scheme`` on two padded batches of odd lengths."""
+    import types
+
+    from tests.tiny import random_params
+    from transformer_jax.inspect import dev
+    from transformer_jax.model.config import ModelConfig
+
+    cfg = ModelConfig(vocab_size=13, d_model=12, num_heads=3, d_ff=7, num_encoder_layers=2,
+                      num_decoder_layers=1, max_len=16, position_encoding=scheme, max_relative_position=2,
+                      deterministic=True, **overrides)
+    rng = np.random.default_rng(3)
+    inputs = rng.integers(4, 13, size=(2, 7)).astype(np.int32)
+    targets = rng.integers(4, 13, size=(2, 5)).astype(np.int32)
+    inputs[1, 5:], targets[1, 3:] = 0, 0  # padding
+    batch = types.SimpleNamespace(inputs=inputs, targets=targets, num_real=2)
+    restored = types.SimpleNamespace(model_config=cfg, params=random_params(cfg, seed=4))
+    return cfg, restored, dev.analyse_dev(restored, [batch])
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_the_recomputed_maps_are_the_models_own_under_every_position_scheme(scheme):
+    """Rotary q and k are sown rotated; ALiBi's bias and the relative key term are taken from the model's
+    own SelfAttentionPositions: every recomputed map equals the sown one to float32 rounding."""
+    cfg, _, analysis = _tiny_dev_pass(scheme)
+    rows = scaling.scaling_model_rows(analysis.scaling, analysis.stats, cfg.d_k)
+    assert [(r["kind"], r["layer"]) for r in rows] == [
+        ("encoder_self", 0), ("encoder_self", 1), ("decoder_self", 0), ("cross", 0)]
+    assert max(r["sown_vs_recomputed"] for r in rows) < 1e-5, rows
+
+
+@pytest.mark.parametrize("scheme", ["alibi", "relative"])
+def test_maps_recomputed_without_the_schemes_logit_term_are_refused(scheme, monkeypatch):
+    """Planted: the recomputation leaves the scheme's logit term out; the check stops the experiment."""
+    monkeypatch.setattr(scaling, "logit_bias", lambda *args: None)
+    cfg, _, analysis = _tiny_dev_pass(scheme)
+    with pytest.raises(scaling.RecomputationError, match="in encoder_self layer 0 .*does not apply"):
+        scaling.scaling_model_rows(analysis.scaling, analysis.stats, cfg.d_k)
+
+
+def test_the_position_terms_with_and_without_the_factor():
+    """ALiBi's bias is not a q.k product: the same with and without 1/sqrt(d_k), -m_h |i - j| by hand.
+    The relative key term is q_i a^K_(j-i): without the factor it is sqrt(d_k) times larger."""
+    from transformer_jax.model.positions import alibi_slopes
+
+    cfg, restored, _ = _tiny_dev_pass("alibi")
+    queries, keys = np.ones((2, 7, 3, 4), np.float32), np.ones((2, 7, 3, 4), np.float32)
+    record = forward.AttentionRecord(np.zeros((2, 3, 7, 7)), queries, keys)
+    scaled, unscaled = scaling.logit_bias(restored.params, cfg, "encoder_self", 1, record)
+    np.testing.assert_array_equal(scaled, unscaled)
+    np.testing.assert_allclose(scaled[0, :, 2, 5], -3 * alibi_slopes(3), rtol=1e-6)
+    np.testing.assert_allclose(alibi_slopes(3), [2**-4, 2**-8, 2**-2])  # 3 heads: the paper's rule
+    assert scaling.logit_bias(restored.params, cfg, "cross", 0, record) is None
+
+    cfg, restored, _ = _tiny_dev_pass("relative")
+    scaled, unscaled = scaling.logit_bias(restored.params, cfg, "decoder_self", 0, record)
+    table = restored.params["decoder"]["layer_0"]["self_attention"]["positions"]["relative_key"]
+    # query 1, key 6: distance +5 clipped to +2, row 2 + 2; every query entry is 1
+    np.testing.assert_allclose(scaled[1, 2, 1, 6], table[4].sum() / 2.0, rtol=1e-5)
+    np.testing.assert_allclose(unscaled, 2.0 * scaled, rtol=1e-12)

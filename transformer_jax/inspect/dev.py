@@ -26,7 +26,8 @@ class DevAnalysis:
 
 
 def analyse_dev(restored: Restored, batches: Sequence) -> DevAnalysis:
-    """Head statistics and entropy with/without 1/sqrt(d_k) of the model's own q and k, over ``batches``."""
+    """Head statistics and entropy with/without 1/sqrt(d_k) of the model's own q and k, over ``batches``;
+    the recomputed maps add the position scheme's logit term (``scaling.logit_bias``), as the model does."""
     cfg = restored.model_config
     stats, sums, seen = {}, {}, 0
     for b in batches:
@@ -36,5 +37,6 @@ def analyse_dev(restored: Restored, batches: Sequence) -> DevAnalysis:
             mask = forward.attention_mask(kind, b.inputs, b.targets)
             for layer, record in enumerate(layers):
                 stats.setdefault((kind, layer), HeadStatistics(kind, cfg.num_heads)).add(record.weights, mask)
-                scaling.add_scaling(sums.setdefault((kind, layer), scaling.new_sums()), record, mask)
+                bias = scaling.logit_bias(restored.params, cfg, kind, layer, record)  # ALiBi, relative
+                scaling.add_scaling(sums.setdefault((kind, layer), scaling.new_sums()), record, mask, bias)
     return DevAnalysis(stats, sums, seen)

@@ -4,7 +4,14 @@
 (b) The trained model's own sown q and k. In both, the weights are recomputed in float64 NumPy with and
 without the factor; the scaled recomputation must reproduce the model's own weights (``sown_vs_recomputed``,
 within ``SOWN_TOLERANCE`` of the compute dtype), or ``scaling_model_rows`` stops with one line: numbers
-recomputed without a term the model has (a position bias in the logits) would describe another model.
+recomputed without a term the model has would describe another model.
+
+Position schemes (``model/positions.py``): rotary positions rotate q and k before they are sown, so the
+sown q.k already holds them. ALiBi and relative positions add a term to a self-attention's logits, which
+``logit_bias`` takes from the model's own ``SelfAttentionPositions`` and its parameters, and the
+recomputation adds: ALiBi's -m_h |i - j| is not a q.k product and is added as it is with and without the
+factor; the relative key term q_i a^K_(j-i) is one, so "without the factor" drops the 1/sqrt(d_k) from it
+too (Shaw et al. scale q (k + a^K) as one product).
 """
 
 from __future__ import annotations
@@ -13,10 +20,12 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax.inspect import artifacts, forward
 from transformer_jax.inspect.heads import HeadStatistics, entropy
+from transformer_jax.model import positions
 from transformer_jax.runtime import errors
 
 DEFAULT_D_KS = (4, 8, 16, 32, 64, 128, 256, 512)
@@ -30,8 +39,9 @@ class RecomputationError(errors.UserError, RuntimeError):
 
 
 def attention_weights_np(queries: np.ndarray, keys: np.ndarray, mask: np.ndarray | None = None, *,
-                         scale_logits: bool = True) -> np.ndarray:
-    """float64[batch, heads, q_len, kv_len]: softmax(q.k [/ sqrt(d_k)]) in NumPy, masked entries exactly 0.
+                         scale_logits: bool = True, bias: np.ndarray | None = None) -> np.ndarray:
+    """float64[batch, heads, q_len, kv_len]: softmax(q.k [/ sqrt(d_k)] + bias) in NumPy, masked entries
+    exactly 0.
 
     An independent float64 reference of ``attention.dot_product_attention``'s weights (rows with no
     allowed key are all zero), used to recompute the model's maps with and without the scaling.
@@ -39,11 +49,14 @@ def attention_weights_np(queries: np.ndarray, keys: np.ndarray, mask: np.ndarray
     Args:
       queries: float[batch, q_len, heads, d_k]; keys: float[batch, kv_len, heads, d_k].
       mask: bool, broadcastable to [batch, heads, q_len, kv_len]; True = may attend. None: all allowed.
+      bias: float[batch|1, heads, q_len, kv_len] added to the (scaled or not) logits, or None.
     """
     q, k = np.asarray(queries, np.float64), np.asarray(keys, np.float64)
     logits = np.einsum("bqhd,bkhd->bhqk", q, k)  # [B, H, Q, K]
     if scale_logits:
         logits = logits / math.sqrt(q.shape[-1])
+    if bias is not None:
+        logits = logits + np.asarray(bias, np.float64)
     allowed = np.ones(logits.shape, bool) if mask is None else np.broadcast_to(mask, logits.shape)
     row_max = np.max(np.where(allowed, logits, -np.inf), axis=-1, keepdims=True)
     row_max = np.where(np.isfinite(row_max), row_max, 0.0)
@@ -52,13 +65,41 @@ def attention_weights_np(queries: np.ndarray, keys: np.ndarray, mask: np.ndarray
     return unnormalized / np.where(denom > 0, denom, 1.0)
 
 
+def logit_bias(params: Any, cfg: Any, kind: str, layer: int, record: forward.AttentionRecord
+               ) -> tuple[np.ndarray, np.ndarray] | None:
+    """The term the model's position scheme adds to one attention's logits, computed by the model's own
+    ``positions.SelfAttentionPositions`` with the layer's parameters: (the term as added to the scaled
+    logits, the term without 1/sqrt(d_k)), each float64[batch|1, heads, q_len, kv_len]; None where the
+    model adds none (encoder-decoder attention; the sinusoid, learned, rotary and no positions).
+
+    Args:
+      params: the model's parameters; cfg: its ModelConfig; kind, layer: the attention (``forward.KINDS``);
+      record: its sown weights, queries and keys (the queries are what the relative key term reads).
+    """
+    if kind == "cross" or cfg.position_encoding not in ("alibi", "relative"):
+        return None
+    stack, module = forward.MODULES[kind]
+    variables = {"params": params[stack][f"layer_{layer}"][module].get("positions", {})}
+    q_len, kv_len = record.queries.shape[1], record.keys.shape[1]
+    bias = positions.SelfAttentionPositions(cfg).apply(
+        variables, jnp.asarray(record.queries, jnp.float32), jnp.arange(q_len), jnp.arange(kv_len),
+        method=positions.SelfAttentionPositions.logit_bias)
+    bias = np.asarray(bias, np.float64)
+    if cfg.position_encoding == "relative":  # q_i a^K / sqrt(d_k): a q.k product, scaled with the rest
+        return bias, bias * math.sqrt(record.queries.shape[-1])
+    return bias, bias  # ALiBi: -m_h |i - j|, added after the scaling either way
+
+
 def new_sums() -> dict[str, float]:
     """Empty running sums for ``add_scaling``."""
     return {"scaled": 0.0, "unscaled": 0.0, "rows": 0, "logit_sq": 0.0, "pairs": 0, "max_abs_diff": 0.0}
 
 
-def add_scaling(sums: dict[str, float], record: forward.AttentionRecord, mask: np.ndarray) -> None:
-    """Recomputes one record's weights from its sown q and k with and without 1/sqrt(d_k); adds to ``sums``.
+def add_scaling(sums: dict[str, float], record: forward.AttentionRecord, mask: np.ndarray,
+                bias: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+    """Recomputes one record's weights from its sown q and k with and without 1/sqrt(d_k), adding the
+    scheme's logit term ``bias`` (``logit_bias``: with and without the factor) when the model has one; adds
+    to ``sums``.
 
     ``sums`` (from ``new_sums``) gains the entropy sums over real rows ("scaled", "unscaled", "rows"), the
     sum of squared unscaled q.k over allowed pairs ("logit_sq", "pairs"), and the largest difference
@@ -67,8 +108,9 @@ def add_scaling(sums: dict[str, float], record: forward.AttentionRecord, mask: n
     Args:
       mask: bool[batch, 1, q_len, kv_len] (``forward.attention_mask``).
     """
-    scaled = attention_weights_np(record.queries, record.keys, mask)
-    unscaled = attention_weights_np(record.queries, record.keys, mask, scale_logits=False)
+    scaled_bias, unscaled_bias = (None, None) if bias is None else bias
+    scaled = attention_weights_np(record.queries, record.keys, mask, bias=scaled_bias)
+    unscaled = attention_weights_np(record.queries, record.keys, mask, scale_logits=False, bias=unscaled_bias)
     allowed = np.broadcast_to(mask, record.weights.shape)
     real = allowed.any(-1)  # [B, H, Q]
     sums["scaled"] += float(entropy(scaled)[real].sum())
