@@ -145,7 +145,9 @@ class WorkerPool:
                 resource_tracker.ensure_running()
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-        self._workers = [self._start() for _ in range(processes)]
+        self._workers: list[tuple[Any, Any]] = []
+        for _ in range(processes):
+            self._start()
 
     def _start(self) -> tuple[Any, Any]:
         conn, child_conn = self._context.Pipe()
@@ -153,6 +155,7 @@ class WorkerPool:
                                         args=(child_conn, self._initializer, self._initargs))
         process.start()
         child_conn.close()
+        self._workers.append((process, conn))
         return process, conn
 
     def run(self, function: Callable[[Any], Any], tasks: Sequence[Any],
@@ -167,8 +170,8 @@ class WorkerPool:
                     busy[worker] = index
                 except OSError:  # it died while idle
                     queue.appendleft(index)
-                    self._replace(worker)
-                    idle.append(self._workers[-1])
+                    self._bury(worker)
+                    idle.append(self._start())
             waitables = [w[1] for w in busy] + [w[0].sentinel for w in busy]
             multiprocessing.connection.wait(waitables, timeout=_POLL_SECONDS)
             if (signum := stop_signal()) is not None:
@@ -191,22 +194,21 @@ class WorkerPool:
                     yield index, value
                     continue
                 deaths[index] += 1
-                message = f"the worker process reading {labels[index]} {how_it_died(self._replace(worker))}"
+                message = f"the worker process reading {labels[index]} {how_it_died(self._bury(worker))}"
                 if deaths[index] > 1:
                     raise WorkerDiedError(f"{message}, twice; {self._hint}".rstrip("; "))
                 tqdm.tqdm.write(f"data: {message}; reading it again in a new worker", file=sys.stderr)
-                idle.append(self._workers[-1])
+                idle.append(self._start())
                 queue.appendleft(index)
 
-    def _replace(self, worker: tuple[Any, Any]) -> int | None:
-        """Starts a new worker in place of the dead ``worker``; returns the dead one's exit code."""
+    def _bury(self, worker: tuple[Any, Any]) -> int | None:
+        """Leaves out the dead ``worker``; returns its exit code."""
         process, conn = worker
         if process.is_alive():
             process.kill()
         process.join()
         conn.close()
         self._workers.remove(worker)
-        self._workers.append(self._start())
         return process.exitcode
 
     def __enter__(self) -> WorkerPool:
