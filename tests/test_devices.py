@@ -54,3 +54,10 @@ def test_small_configs_run_anywhere_and_wmt_configs_ask_for_an_accelerator():
     for module in (wmt14_en_de_base, wmt14_en_de_big, wmt14_en_fr_big):
         assert module.get_config().platform == "accelerator", module.__name__
     assert run_config.build_run_config(default_config.get_config(), environment=False).loop.platform == "any"
+
+
+def test_a_site_cuda13_plugin_that_did_not_load_is_named(monkeypatch):
+    versions = {"jax-cuda13-plugin": "0.11.0"}  # a site's JAX for CUDA 13; no cuda12 plugin
+    monkeypatch.setattr(devices, "installed_version", versions.get)
+    with pytest.raises(ConfigError, match=r"\(jax-cuda13-plugin 0\.11\.0\) is installed but did not load"):
+        devices.check_platform("gpu", backend="cpu")

@@ -8,6 +8,7 @@ import asyncio
 import errno
 import logging
 import os
+import subprocess
 import sys
 import threading
 
@@ -198,3 +199,23 @@ def test_without_the_join_a_write_outlives_the_error(tmp_path, full_disk, slow_s
     for thread in stray:
         threading.Thread.join(thread)
     ckpt.close()
+
+
+def test_an_orbax_without_the_private_commit_thread_class_still_imports_and_saves(tmp_path):
+    """A later orbax-checkpoint may move its private ``_SignalingThread``: the package still imports, the
+    workaround waits for no thread, and a checkpoint is still saved."""
+    code = (
+        "import types, orbax.checkpoint._src.futures as package\n"
+        "real, package.future = package.future, types.ModuleType('future')  # as if orbax moved it\n"
+        "from transformer_jax.checkpoints import manager, orbax_workarounds as w\n"
+        "package.future = real\n"
+        "assert w.COMMIT_THREAD is None; w.join_commit_threads()\n"
+        "import sys; sys.path.insert(0, 'tests')\n"
+        "from test_checkpoint import save_steps\n"
+        "from transformer_jax.checkpoints.reader import CheckpointReader\n"
+        f"folder = {str(tmp_path / 'ckpt')!r}\n"
+        "save_steps(folder, [1]); print(CheckpointReader(folder).all_steps())\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("[1]")

@@ -30,12 +30,17 @@ import threading
 import time
 from typing import Any
 
-from orbax.checkpoint._src.futures import future as orbax_future
-
 from transformer_jax.runtime import disk
 
-# Each item's commit (its writes and its metadata) runs in a thread of this class.
-COMMIT_THREAD = orbax_future._SignalingThread
+# Each item's commit (its writes and its metadata) runs in a thread of this class. It is private to orbax
+# (orbax-checkpoint 0.12 keeps it here): where a later release moves it, no thread is recognized, and
+# join_commit_threads waits for none (the race it closes is back, the program still runs).
+try:
+    from orbax.checkpoint._src.futures import future as orbax_future
+
+    COMMIT_THREAD: type | None = orbax_future._SignalingThread
+except (ImportError, AttributeError):
+    COMMIT_THREAD = None
 
 
 # Where orbax's failures are logged: its own records go through absl; a failed write task it never
@@ -96,6 +101,8 @@ def join_commit_threads(timeout_s: float = 120.0) -> None:
 
     Their own failures (most often the same full disk) are not raised: the first one is the one reported.
     """
+    if COMMIT_THREAD is None:
+        return
     deadline = time.monotonic() + timeout_s
     for thread in threading.enumerate():
         if isinstance(thread, COMMIT_THREAD) and thread is not threading.current_thread():

@@ -24,6 +24,7 @@ PLATFORMS = ("any", "accelerator", "gpu", "tpu")
 INSTALL = {"gpu": 'pip install -c constraints.txt -e ".[cuda12]"',
            "tpu": 'pip install -c constraints.txt -e ".[tpu]"'}
 CUDA_PLUGIN = "jax-cuda12-plugin"
+CUDA_PLUGINS = (CUDA_PLUGIN, "jax-cuda13-plugin")  # the cuda12 extra's, and CUDA 13's (a site's JAX)
 _LOOK_UP = "look up"  # check_platform's default: ask importlib.metadata
 
 
@@ -46,7 +47,8 @@ def check_platform(wanted: str, *, backend: str | None = None,
     Args:
       wanted: ``config.platform``, one of ``PLATFORMS``.
       backend: JAX's default backend ("cpu", "gpu", "tpu"); default: ask JAX (this starts it).
-      cuda_plugin: the installed jax-cuda12-plugin version, or None for none; default: look it up.
+      cuda_plugin: the installed JAX CUDA plugin's version, or None for none; default: look up
+        ``CUDA_PLUGINS`` (CUDA 12's or 13's).
 
     Returns:
       A one-line notice when ``wanted`` is "any" but an installed CUDA plugin did not load, else None.
@@ -54,10 +56,12 @@ def check_platform(wanted: str, *, backend: str | None = None,
     if wanted not in PLATFORMS:
         raise ConfigError(f"config.platform={wanted!r}: expected one of {', '.join(map(repr, PLATFORMS))}")
     backend = backend or jax.default_backend()
+    plugin_name = CUDA_PLUGIN
     if cuda_plugin is _LOOK_UP:
-        cuda_plugin = installed_version(CUDA_PLUGIN)
+        plugin_name, cuda_plugin = next(((n, v) for n in CUDA_PLUGINS if (v := installed_version(n))),
+                                        (CUDA_PLUGIN, None))
     fell_back = backend == "cpu" and cuda_plugin is not None
-    why = (f"the CUDA plugin ({CUDA_PLUGIN} {cuda_plugin}) is installed but did not load, so JAX fell back "
+    why = (f"the CUDA plugin ({plugin_name} {cuda_plugin}) is installed but did not load, so JAX fell back "
            "to the CPU (python -c \"import jax; jax.devices('cuda')\" shows why: driver, CUDA libraries)"
            if fell_back else f"JAX found no {'accelerator' if wanted == 'accelerator' else wanted.upper()}, "
            f"only {backend} devices")
