@@ -1,0 +1,120 @@
+"""The GPU check: --quick runs every step on this CPU; a dropped mask in the fused path turns step 3 red; a
+failing, hanging or impossible step is a row that says why, and the next step runs."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from transformer_jax.benchmarks import gpu_check
+from transformer_jax.model import fused_attention
+from transformer_jax.runtime.errors import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.slow
+def test_quick_runs_every_step_and_writes_the_table(tmp_path):
+    out = tmp_path / "check"
+    done = subprocess.run([sys.executable, "-m", "transformer_jax.benchmarks.gpu_check", "--quick",
+                           f"--out={out}"], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    with open(out / "gpu_check.json") as f:
+        report = json.load(f)
+    assert [s["name"] for s in report["steps"]] == list(gpu_check.STEPS)
+    assert [s["status"] for s in report["steps"]] == ["pass"] * 6, report["steps"]
+    assert report["all_passed"] and report["quick"]
+    table = done.stdout[done.stdout.index(" #  step"):]
+    assert len([line for line in table.splitlines() if "  pass  " in line]) == 6
+    train = report["steps"][4]["details"]
+    assert train["losses"][-1][1] < train["losses"][0][1]  # the loss went down
+    assert {"greedy", "beam"} <= set(train["test"])
+    assert "| 3 | fused attention | pass |" in (out / "gpu_check.md").read_text()
+    assert sorted(os.listdir(out / "logs"))[:6] == ["1-devices.json", "1-devices.log", "2-matmul_peak.json",
+                                                    "2-matmul_peak.log", "3-fused_attention.json",
+                                                    "3-fused_attention.log"]
+
+
+def _drop_mask(original):
+    def fused(query, key, value, mask=None, **kwargs):
+        return original(query, key, value, None, **kwargs)  # the planted bug: the mask is lost
+
+    return fused
+
+
+def test_fused_attention_step_passes_and_a_dropped_mask_fails_it(monkeypatch, tmp_path):
+    options = gpu_check.Options(out=str(tmp_path), quick=True)
+    row = gpu_check.run_step("fused_attention", options, {})
+    assert row.status == gpu_check.PASS, row.summary
+    worst = max(v for case in row.details["cases"] for v in case["fused"].values())
+    assert worst <= gpu_check.VALUE_TOLERANCE
+
+    monkeypatch.setattr(fused_attention, "fused_attention", _drop_mask(fused_attention.fused_attention))
+    row = gpu_check.run_step("fused_attention", options, {})
+    assert row.status == gpu_check.FAIL
+    assert row.summary.startswith("fused attention differs from dense: encoder self, padding: values")
+    assert row.details["cases"][0]["fused"]["values"] > 0.1  # of order 1, not a rounding error
+
+
+def test_a_failing_step_is_a_row_and_the_next_one_runs(monkeypatch, tmp_path):
+    def boom(options, earlier):
+        raise RuntimeError("the device fell off the bus")
+
+    monkeypatch.setitem(gpu_check.STEP_FUNCTIONS, "devices", boom)
+    monkeypatch.setitem(gpu_check.STEP_FUNCTIONS, "matmul_peak", lambda options, earlier: ("12 TFLOP/s", {}))
+    options = gpu_check.Options(out=str(tmp_path), quick=True)
+    lines = []
+    rows = gpu_check.run_checks(options, only=("devices", "matmul_peak"), isolate=False, say=lines.append)
+    assert [(r.status, r.summary) for r in rows[:2]] == [
+        ("fail", "RuntimeError: the device fell off the bus"), ("pass", "12 TFLOP/s")]
+    assert all(r.status == "not run" and r.summary == "left out by --only" for r in rows[2:])
+    assert not gpu_check.all_passed(rows)
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert [s["status"] for s in report["steps"]] == ["fail", "pass"] + ["not run"] * 4
+
+
+def test_a_step_past_its_time_box_fails_in_process_and_isolated(monkeypatch, tmp_path):
+    monkeypatch.setitem(gpu_check.STEP_FUNCTIONS, "devices", lambda options, earlier: time.sleep(30))
+    options = gpu_check.Options(out=str(tmp_path), quick=True, time_boxes={"devices": 0.2})
+    row = gpu_check.run_step("devices", options, {})
+    assert (row.status, row.summary) == ("fail", "did not finish within its 0.2 s time box")
+    # Isolated: the child process (Python, absl and JAX starting take longer than this) is killed.
+    row = gpu_check.run_isolated("devices", options, {})
+    assert row.status == "fail"
+    assert row.summary.startswith("did not finish within its 0.2 s time box (killed)")
+
+
+def test_without_an_accelerator_the_full_check_fails_step_1_and_says_why_for_the_rest(tmp_path):
+    options = gpu_check.Options(out=str(tmp_path))
+    devices = gpu_check.run_step("devices", options, {})
+    assert devices.status == "fail"
+    assert "config.platform='gpu' but JAX found no GPU, only cpu devices" in devices.summary
+    for name in gpu_check.STEPS[1:]:
+        row = gpu_check.run_step(name, options, {"devices": devices})
+        assert row.status == "not run", (name, row.summary)
+        assert row.summary.startswith("JAX found no accelerator (step 1)")
+
+
+def test_projection_without_step_4_and_train_without_data_say_why(tmp_path):
+    options = gpu_check.Options(out=str(tmp_path), multi30k_dir=str(tmp_path / "none"))
+    gpu = {"devices": gpu_check.Row(1, "devices", "pass", "", details={"backend": "gpu"})}
+    row = gpu_check.run_step("projection", options, gpu)
+    assert row.status == "not run"
+    assert row.summary == "it projects step 4's measured step, and step 4 measured none"
+    row = gpu_check.run_step("train", options, gpu)
+    assert row.status == "fail"
+    assert row.summary.startswith(f"no Multi30k in --multi30k_dir={tmp_path / 'none'}")
+    assert "python -m transformer_jax.data.prepare multi30k" in row.summary
+
+
+def test_only_and_version_strings():
+    assert gpu_check._parse_only(["3", "train"]) == ("fused_attention", "train")
+    assert gpu_check._parse_only([]) == gpu_check.STEPS
+    with pytest.raises(ConfigError, match="--only=7: expected step numbers 1-6"):
+        gpu_check._parse_only(["7"])
+    assert gpu_check._cuda_version_string(12080, cudnn=False) == "12.8"
+    assert gpu_check._cuda_version_string(90800, cudnn=True) == "9.8.0"
+    assert gpu_check._cuda_version_string(8907, cudnn=True) == "8.9.7"
