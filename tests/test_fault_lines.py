@@ -97,3 +97,45 @@ def test_a_sweep_result_without_scores_is_a_warning_not_a_traceback(tmp_path):
     assert all(r["status"] == "not finished" for r in built["rows"])
     assert any("holds no scores (dev_ppl=None, dev_bleu=None; expected numbers)" in w
                for w in built["warnings"])
+
+
+# A checkpoint read that fails while other reads of the step are in flight (a damaged step): orbax closes the
+# event loop that awaited them, and each ends later by scheduling its callback on that closed loop, which
+# Python reports as an unraisable "Event loop is closed" traceback after the one-line error. Here the late
+# callback is an object that raises so when collected, at exit.
+_FAILED_READ = """
+import atexit, gc, os, sys
+import orbax.checkpoint as ocp
+from transformer_jax.checkpoints.reader import CheckpointReader
+from transformer_jax.runtime import errors
+
+in_flight = []
+
+class Read:
+    def __del__(self):
+        raise RuntimeError("Event loop is closed")
+
+def damaged(self, path, *args, **kwargs):
+    in_flight.append(Read())
+    raise ValueError("Encountered error while reading array index")
+
+atexit.register(lambda: (in_flight.clear(), gc.collect()))
+ocp.Checkpointer.restore = damaged
+os.makedirs(os.path.join(sys.argv[1], "4"))
+reader = CheckpointReader(sys.argv[1])
+
+def main(argv):
+    reader.read_good_step(lambda step: reader._read_items(step, state=ocp.args.JsonRestore()), 4, "state")
+
+errors.short_errors(main)([])
+"""
+
+
+def test_a_damaged_step_is_one_line_without_closed_event_loop_tracebacks(tmp_path):
+    done = subprocess.run([sys.executable, "-c", _FAILED_READ, str(tmp_path / "checkpoints")], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"error: checkpoint step 4 in {tmp_path / 'checkpoints'} could not be "
+                                  "restored (ValueError: Encountered error while reading array index)")
+    assert "Event loop is closed" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.splitlines()) == 2, done.stderr

@@ -22,6 +22,7 @@ from typing import Any
 import orbax.checkpoint as ocp
 
 from transformer_jax.checkpoints import integrity as checks
+from transformer_jax.checkpoints import orbax_workarounds
 from transformer_jax.checkpoints.integrity import (
     CheckpointMismatchError,
     DamagedCheckpointError,
@@ -95,7 +96,13 @@ class CheckpointReader:
 
     # --------------------------------------------------------------------------------------- reading a step
     def _read_items(self, step: int, **items: ocp.args.CheckpointArgs) -> dict[str, Any]:
-        """The named orbax items of ``step``, read with their restore arguments."""
+        """The named orbax items of ``step``, read with their restore arguments.
+
+        A read that fails leaves the step's other reads in flight; orbax has closed the event loop that
+        awaited them, and each ends on it with an unraisable "Event loop is closed" traceback, printed after
+        the one-line error of a damaged step. Those, and only those, are dropped.
+        """
+        orbax_workarounds.drop_closed_loop_callbacks()
         path = os.path.join(self.directory, str(step))
         with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as checkpointer:
             return dict(checkpointer.restore(path, args=ocp.args.Composite(**items)))
