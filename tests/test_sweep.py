@@ -448,7 +448,7 @@ def test_base_seeds_are_extra_rows_in_every_launcher(tmp_path, monkeypatch):
     assert run("--rows", "E", "--base_seeds", "0", "--scale", "cpu", "--workdir", str(tmp_path / "x")) == 1
 
 
-def test_rows_beyond_the_paper_are_chosen_by_name_and_run_with_their_seeds(tmp_path, monkeypatch):
+def test_rows_beyond_the_paper_are_chosen_by_name_and_run_with_their_seeds(tmp_path, monkeypatch, capsys):
     assert _names(grid.select_table3_rows("E+,E")) == ["E-learned-pos", *BEYOND]  # after E
     assert _names(grid.select_table3_rows("big,E+-no-pos")) == ["E+-no-pos", "big"]
     assert not any(r.group == "E+" for r in grid.select_table3_rows(None))  # the paper's rows by default
@@ -474,6 +474,9 @@ def test_rows_beyond_the_paper_are_chosen_by_name_and_run_with_their_seeds(tmp_p
     assert run(*_array_task_argv(script, 5)) == 0
     assert runner.commands == [("train.py", "E+-alibi-pos-seed1"), ("evaluate.py", "E+-alibi-pos-seed1")]
     assert run("--rows", "E", "--seeds", "0", "--scale", "cpu", "--workdir", str(tmp_path / "x")) == 1
+    assert run("params", "--rows", "E+-no-pos", "--scale", "cpu") == 0
+    line = "| E+-no-pos | position_encoding=none (beyond the paper) | 411,904 | 0.4 | — |"
+    assert line in capsys.readouterr().out
     assert run("--grid", "model.num_heads=2,4", "--seeds", "2", "--workdir", str(tmp_path / "x")) == 1
 
 

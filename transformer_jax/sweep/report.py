@@ -463,7 +463,8 @@ def params_table(rows: Sequence[Row], info: dict) -> str:
     lines = ["| row | changes | params (exact) | x10^6 | paper x10^6 |", "|---|---|---:|---:|---:|"]
     for row in rows:
         count = info[row.name]["params"]
-        lines.append(f"| {row.name} | {describe(row)} | {count:,} | {count / 1e6:.1f} "
+        beyond = f" ({BEYOND})" if row.beyond_paper else ""
+        lines.append(f"| {row.name} | {describe(row)}{beyond} | {count:,} | {count / 1e6:.1f} "
                      f"| {_fmt(_paper_params(row), 'd')} |")
     vocab = {v["vocab_size"] for v in info.values()}
     lines.append(f"\nShared vocabulary: {', '.join(str(v) for v in sorted(vocab))}.")
