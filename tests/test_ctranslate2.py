@@ -15,6 +15,7 @@ import functools
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -405,12 +406,22 @@ def _truncate(path, size: int) -> None:
         f.truncate(size)
 
 
+def _flip_a_bit(path) -> None:
+    """One bit of a weight in the middle of the file flipped: same size, the model still loads."""
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        byte = f.read(1)[0]
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte ^ 0x10]))
+
+
 @pytest.mark.parametrize("damage, what", [
     (lambda d: os.remove(os.path.join(d, "model.bin")), "RuntimeError: Unable to open file 'model.bin'"),
     (lambda d: _truncate(os.path.join(d, "model.bin"), 1000), "invalid payload size"),
     (lambda d: _append(os.path.join(d, "export.json"), b"{"), "export.json does not read (JSONDecodeError"),
     (lambda d: _append(os.path.join(d, "spm.model"), b"garbage"), "spm.model changed after the export"),
     (lambda d: os.remove(os.path.join(d, "shared_vocabulary.json")), "Cannot load the target vocabulary"),
+    (lambda d: _flip_a_bit(os.path.join(d, "model.bin")), "model.bin changed after the export (sha256 "),
 ])
 def test_a_damaged_export_is_one_line_with_the_command_that_remakes_it(workdir, tmp_path, damage, what):
     export_dir = _exported_copy(workdir, tmp_path)
@@ -495,16 +506,44 @@ ctranslate2_engine.export_workdir({workdir!r}, out_dir={out_dir!r})
     assert sorted(os.listdir(tmp_path)) == ["export", "in.txt", "out.txt"]
 
 
+def _leftover(path, pid: int, *, marked: bool = True) -> None:
+    """A folder ``path`` as an exporter of ``pid`` leaves it (its marker naming it), or a user's copy."""
+    path.mkdir()
+    (path / "export.json").write_text("{}")
+    if marked:
+        maker = {"pid": pid, "host": socket.gethostname()}
+        (path / ctranslate2_engine.MARKER_FILE).write_text(json.dumps(maker))
+
+
 def test_recover_leftovers_puts_back_a_previous_export_a_killed_exporter_moved_aside(tmp_path):
     dead = subprocess.Popen(["true"])
     dead.wait()  # a pid that no longer runs
-    (tmp_path / f"export.{dead.pid}.old").mkdir()
-    (tmp_path / f"export.{dead.pid}.old" / "export.json").write_text("{}")
-    (tmp_path / f"export.{dead.pid}.tmp").mkdir()
-    (tmp_path / f"export.{os.getpid()}.tmp").mkdir()  # a live exporter's: left alone
+    _leftover(tmp_path / f"export.{dead.pid}.old", dead.pid)
+    _leftover(tmp_path / f"export.{dead.pid}.tmp", dead.pid)
+    _leftover(tmp_path / f"export.{os.getpid()}.tmp", os.getpid())  # a live exporter's: left alone
     ctranslate2_engine.recover_leftovers(str(tmp_path / "export"))
     assert sorted(os.listdir(tmp_path)) == ["export", f"export.{os.getpid()}.tmp"]
     assert (tmp_path / "export" / "export.json").read_text() == "{}"
+
+
+def test_a_users_folders_beside_the_export_are_never_touched(workdir, tmp_path):
+    """A backup named like a leftover (``<export>.<digits>.old``, no process of that pid runs), a copy of a
+    killed exporter's folder under another number, and one without a marker: neither cleaned up nor
+    renamed into place when the export is missing; translate makes a new export instead."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    export_dir = tmp_path / "export"
+    _leftover(tmp_path / "export.20261206.old", 20261206, marked=False)  # the user's backup
+    _leftover(tmp_path / f"export.{dead.pid}.old", dead.pid, marked=False)  # a pid that does not run
+    _leftover(tmp_path / f"export.{dead.pid + 1}.tmp", dead.pid)  # a copy: its marker names another pid
+    users = sorted(os.listdir(tmp_path))
+    ctranslate2_engine.recover_leftovers(str(export_dir))
+    assert sorted(os.listdir(tmp_path)) == users and not export_dir.exists()
+    _translate_with(workdir, str(export_dir), output_path=str(tmp_path / "out.txt"))  # exports first
+    assert sorted(os.listdir(tmp_path)) == sorted([*users, "export", "in.txt", "out.txt"])
+    assert ctranslate2_engine.read_record(str(export_dir))["step"] == 2
+    for name in users:
+        assert (tmp_path / name / "export.json").read_text() == "{}"
 
 
 def test_threads_are_bounded_by_the_cpus(workdir, tmp_path):

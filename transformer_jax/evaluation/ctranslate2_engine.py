@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -41,6 +42,10 @@ from transformer_jax.runtime.errors import ConfigError, DiskFullError, MissingFi
 # AVX512-BF16 builds; elsewhere CTranslate2 computes in the closest type it supports.
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "bfloat16")
 RECORD_FILE = "export.json"  # what was exported, beside CTranslate2's own files
+# Inside every folder the export makes (the export, its staging and moved-aside folders): the maker's pid and
+# host. Leftover cleanup and the rename back into place take only folders whose marker names the pid in
+# their name, on this host; anything else beside an export (a user's backup) is never touched.
+MARKER_FILE = ".made_by_transformer_jax_export"
 TOKENIZER_FILE = "spm.model"
 VOCABULARY_FILE = "shared_vocabulary.json"  # CTranslate2's, written when source and target share one
 # --threads above this many per CPU is refused: CTranslate2 starts every thread asked for (100000 crashed
@@ -77,11 +82,12 @@ def write_model(params: Mapping[str, Any], model_config, out_dir: str, *, pieces
 
     The folder is written beside ``out_dir`` (``<out_dir>.<pid>.tmp``) and renamed into place (the
     previous one moved to ``<out_dir>.<pid>.old`` and removed), so ``out_dir`` holds a complete export or
-    its previous content; what a killed exporter left is cleaned up first (:func:`recover_leftovers`). A
-    full disk raises DiskFullError naming ``out_dir``'s filesystem. ``pieces`` is the vocabulary (one
-    string a token id);
+    its previous content; each of these folders holds ``MARKER_FILE`` naming this process, and what a
+    killed exporter left is cleaned up first (:func:`recover_leftovers`). A full disk raises DiskFullError
+    naming ``out_dir``'s filesystem. ``pieces`` is the vocabulary (one string a token id);
     ``tokenizer_path``, when given, is copied in as ``TOKENIZER_FILE``. ``record`` is what was exported
-    (step, averaging, config hash, decoding defaults); the model's fields and the weight type are added.
+    (step, averaging, config hash, decoding defaults); the model's fields, the weight type and the SHA-256
+    of each of CTranslate2's files (``files_sha256``: model.bin, its config and vocabulary) are added.
     """
     if quantization not in QUANTIZATIONS:
         raise ConfigError(f"--quantization={quantization}: expected one of {', '.join(QUANTIZATIONS)}")
@@ -95,19 +101,26 @@ def write_model(params: Mapping[str, Any], model_config, out_dir: str, *, pieces
     spec.optimize(quantization=quantization)
     out_dir = os.path.abspath(out_dir)
     recover_leftovers(out_dir)
-    staging = f"{out_dir}.{os.getpid()}.tmp"
-    shutil.rmtree(staging, ignore_errors=True)
+    staging, previous = f"{out_dir}.{os.getpid()}.tmp", f"{out_dir}.{os.getpid()}.old"
+    for path in (staging, previous):
+        if os.path.lexists(path) and not _made_by(path, os.getpid()):
+            raise ConfigError(f"{path} exists and was not made by this export; move it away (the export "
+                              "writes and removes a folder of that name)")
+        shutil.rmtree(path, ignore_errors=True)  # this pid's, from an earlier process of the same pid
     try:
         os.makedirs(staging)
+        _mark(staging)
         spec.save(staging)
+        files = {name: _sha256(os.path.join(staging, name)) for name in sorted(os.listdir(staging))
+                 if name != MARKER_FILE}
         if tokenizer_path is not None:
             shutil.copyfile(tokenizer_path, os.path.join(staging, TOKENIZER_FILE))
         model = {f.name: getattr(model_config, f.name) for f in dataclasses.fields(model_config)}
         with open(os.path.join(staging, RECORD_FILE), "w") as f:
-            json.dump({"format": "ctranslate2", "quantization": quantization, **record, "model": model},
-                      f, indent=1)
-        previous = f"{out_dir}.{os.getpid()}.old"
+            json.dump({"format": "ctranslate2", "quantization": quantization, **record,
+                       "files_sha256": files, "model": model}, f, indent=1)
         if os.path.exists(out_dir):
+            _mark(out_dir)  # it is about to be moved aside as this process's .old
             os.rename(out_dir, previous)
         os.rename(staging, out_dir)
         shutil.rmtree(previous, ignore_errors=True)
@@ -122,12 +135,37 @@ def write_model(params: Mapping[str, Any], model_config, out_dir: str, *, pieces
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def _mark(folder: str) -> None:
+    """Writes ``MARKER_FILE`` into ``folder``: made (or moved aside) by this process on this host."""
+    with open(os.path.join(folder, MARKER_FILE), "w") as f:
+        json.dump({"pid": os.getpid(), "host": socket.gethostname()}, f)
+
+
+def _made_by(folder: str, pid: int) -> bool:
+    """Whether ``folder`` holds a ``MARKER_FILE`` naming process ``pid`` on this host."""
+    try:
+        with open(os.path.join(folder, MARKER_FILE)) as f:
+            maker = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(maker, dict) and maker.get("pid") == pid and maker.get("host") == socket.gethostname()
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def recover_leftovers(out_dir: str) -> None:
     """Cleans up what an exporter killed mid-way (kill -9, a crash) left beside ``out_dir``.
 
     Its staging folder ``<out_dir>.<pid>.tmp`` is removed. Its ``<out_dir>.<pid>.old`` is the previous
     export: moved back to ``out_dir`` when the exporter died between its two renames (``out_dir`` missing),
-    removed otherwise. Folders of a process that still runs are left alone.
+    removed otherwise. Only folders whose ``MARKER_FILE`` names that pid on this host are taken, and only
+    once that process is gone: a user's ``<out_dir>.20261206.old`` backup is never removed or renamed.
     """
     out_dir = os.path.abspath(out_dir)
     folder, name = os.path.split(out_dir)
@@ -137,10 +175,11 @@ def recover_leftovers(out_dir: str) -> None:
         return
     for entry in entries:
         pid, _, kind = entry.removeprefix(f"{name}.").partition(".")
-        if not (entry.startswith(f"{name}.") and pid.isdigit() and kind in ("tmp", "old")
-                and int(pid) != os.getpid() and output_file.process_is_gone(int(pid))):
-            continue
         path = os.path.join(folder, entry)
+        if not (entry.startswith(f"{name}.") and pid.isdigit() and kind in ("tmp", "old")
+                and int(pid) != os.getpid() and output_file.process_is_gone(int(pid))
+                and _made_by(path, int(pid))):
+            continue
         if kind == "old" and not os.path.exists(out_dir):
             try:
                 os.rename(path, out_dir)
@@ -198,6 +237,23 @@ def check_tokenizer_file(model_dir: str, record: Mapping[str, Any], workdir: str
     if found != expected:
         raise _damaged(model_dir, f"{TOKENIZER_FILE} changed after the export (sha256 {found[:12]}..., "
                        f"{RECORD_FILE} records {expected[:12]}...)", workdir)
+
+
+def check_model_files(model_dir: str, record: Mapping[str, Any], workdir: str | None = None) -> None:
+    """DamagedExportError when a file CTranslate2 wrote (model.bin, its config, the vocabulary) is not the
+    one the export recorded (``files_sha256``): one flipped bit keeps the size and decodes garbage. An
+    export made before the hashes were recorded is not checked."""
+    expected = record.get("files_sha256")
+    if not isinstance(expected, dict):
+        return
+    for name, sha in expected.items():
+        try:
+            found = _sha256(os.path.join(model_dir, name))
+        except OSError as e:
+            raise _damaged(model_dir, f"{name} does not read ({e.strerror or e})", workdir) from None
+        if found != sha:
+            raise _damaged(model_dir, f"{name} changed after the export (sha256 {found[:12]}..., "
+                           f"{RECORD_FILE} records {str(sha)[:12]}...)", workdir)
 
 
 def check_export_of(workdir: str, model_dir: str, record: Mapping[str, Any]) -> None:
@@ -284,6 +340,7 @@ class Engine:
         if not isinstance(self.pieces, list) or len(self.pieces) != vocab_size:
             raise _damaged(model_dir, f"{VOCABULARY_FILE} does not hold the model's {vocab_size} pieces",
                            workdir)
+        check_model_files(model_dir, record, workdir)
         self.ids = {piece: i for i, piece in enumerate(self.pieces)}
         self.max_batch_size = max_batch_size
 
