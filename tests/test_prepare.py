@@ -221,25 +221,55 @@ def test_cli_help_and_user_errors(tmp_path, closed_port_url):
         assert len(failed.stderr.strip().splitlines()) <= 2, failed.stderr
 
 
+def _run_cache(*args):
+    return subprocess.run([sys.executable, "-m", "transformer_jax.prepare_cache", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
 def test_cache_builds_a_configs_data_cache_once_and_refuses_what_has_none(tmp_path):
     for split, count in (("train", 60), ("val", 3), ("test", 3)):
         for lang, word in (("en", "house"), ("de", "haus")):
             (tmp_path / f"{split}.{lang}").write_text("".join(f"the {word} {i}\n" for i in range(count)))
     config = ["--config=configs/multi30k.py", f"--config.data.dir={tmp_path}", "--config.data.vocab_size=30",
               f"--config.data.cache_dir={tmp_path / 'cache'}"]
-    built = _run_cli("cache", *config)
+    built = _run_cache(*config)
     assert built.returncode == 0, built.stderr
     ready = f"Data cache ready in {tmp_path / 'cache'}: the tokenizer and 60 encoded train pairs"
     assert ready in built.stdout
     assert "60 train pairs encoded into" in built.stdout
-    again = _run_cli("cache", *config)
+    again = _run_cache(*config)
     assert again.returncode == 0 and "60 train pairs mapped from" in again.stdout  # found, not built again
     for args, expected in [
-        (("cache",), "prepare cache needs --config=CONFIG"),
-        (("cache", "--config=configs/default.py"), "source='synthetic' is built in memory"),
+        ((), "--config=CONFIG is required"),
+        (("--config=configs/default.py",), "source='synthetic' is built in memory"),
     ]:
-        failed = _run_cli(*args)
+        failed = _run_cache(*args)
         assert failed.returncode == 1 and expected in failed.stderr and "Traceback" not in failed.stderr
+    # The command it was before: one line naming the new one.
+    moved = _run_cli("cache", *config)
+    assert moved.returncode == 1 and "Traceback" not in moved.stderr
+    assert moved.stderr.splitlines()[0] == (
+        "error: the data cache is built by its own command now: python -m transformer_jax.prepare_cache "
+        "--config=CONFIG (the same flags as before)")
+
+
+def test_the_data_package_does_not_import_the_run_config():
+    """data/ sits below the run config: no module of it imports ``transformer_jax.run_config`` (nor the entry
+    points), at the top or inside a function."""
+    import ast
+
+    upward = ("transformer_jax.run_config", "transformer_jax.prepare_cache")
+    for path in sorted((REPO / "transformer_jax" / "data").glob("*.py")):
+        name = path.name
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module or ""]
+            else:
+                continue
+            assert not [n for n in names if n.startswith(upward)], (name, names)
 
 
 def test_multi30k_table_matches_the_shared_files():

@@ -1,15 +1,12 @@
-"""Download a data set's raw files into a folder, checked and ready for the text source; or build a
-config's data cache ahead of training.
+"""Download a data set's raw files into a folder, checked and ready for the text source.
 
     python -m transformer_jax.data.prepare multi30k --dir=data/multi30k
     python train.py --config=configs/multi30k.py --config.data.dir=data/multi30k
     python -m transformer_jax.data.prepare ptb_sample --dir=data/ptb_sample
     python train.py --config=configs/ptb_sample.py --config.data.dir=data/ptb_sample
-    python -m transformer_jax.data.prepare cache --config=configs/wmt14_en_de_base.py [--config.data.x=y]
 
-``cache`` trains the config's shared tokenizer and encodes its train split into the data cache
-(``data/corpus_cache.py``), as the first ``train.py`` on that data would; run it on a login node before
-submitting, and every run on the same data then starts in seconds. It prints where the entries are.
+A config's data cache is built ahead of training by ``python -m transformer_jax.prepare_cache
+--config=...``: it reads a run config, so it lives above ``data/``, with the other entry points.
 
 ``multi30k`` fetches Multi30k task 1 (train, val, test2016; English and German) from the dataset's public
 GitHub repository, the gzipped raw files under ``MULTI30K_BASE_URL``, and installs ``train.{en,de}``,
@@ -49,7 +46,6 @@ import zipfile
 import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from absl import flags
 
@@ -104,7 +100,8 @@ PTB_SAMPLE_ZIP = RemoteZip(
 
 DATASETS = {"multi30k": (MULTI30K_BASE_URL, MULTI30K_FILES),
             "ptb_sample": (PTB_SAMPLE_BASE_URL, (PTB_SAMPLE_ZIP,))}
-COMMANDS = (*DATASETS, "cache")  # the positional argument: a data set to download, or the data cache
+COMMANDS = tuple(DATASETS)  # the positional argument: a data set to download
+CACHE_COMMAND = "python -m transformer_jax.prepare_cache --config=CONFIG"  # the data cache's, above data/
 # Printed by ``prepare``: the terms the data set's own README states.
 TERMS = {"ptb_sample": "(C) LDC 1995. It is made available under fair use for the purposes of illustrating "
                        "NLTK tools for tokenizing, tagging, chunking and parsing. This data is for "
@@ -354,31 +351,9 @@ _TIMEOUT = flags.DEFINE_float("timeout", 10.0, "Seconds to wait for a connection
                               "giving up (no retries; rerun to resume).")
 
 
-def prepare_cache(config: Any) -> tuple[Path, int]:
-    """Builds (or finds) the data cache of a run config: (the cache root, the train pairs it holds)."""
-    from transformer_jax import run_config
-    from transformer_jax.data import corpus_cache, disk_cache, sources, tokenizer
-
-    run = run_config.build_run_config(config, environment=False)
-    if not corpus_cache.is_cached(run.data):
-        raise errors.ConfigError(f"config.data.source={run.data.source!r} is built in memory at start-up; "
-                                 f"only the sources {corpus_cache.CACHED_SOURCES} have a data cache")
-    sources.check_input_files(run.data, ("train",))
-    proto = corpus_cache.shared_tokenizer(run.data)
-    split = corpus_cache.open_train_split(run.data, tokenizer.Tokenizer(proto))
-    return disk_cache.cache_root(run.data.cache_dir), len(split)
-
-
 def main(argv: Sequence[str]) -> None:
-    usage = (f"usage: python -m transformer_jax.data.prepare {{{','.join(sorted(DATASETS))}}} --dir=DIR, or "
-             "python -m transformer_jax.data.prepare cache --config=CONFIG")
-    if len(argv) == 2 and argv[1] == "cache":
-        config = flags.FLAGS["config"].value if "config" in flags.FLAGS else None
-        if config is None:
-            raise errors.ConfigError(f"prepare cache needs --config=CONFIG (a configs/*.py file); {usage}")
-        root, num_pairs = prepare_cache(config)
-        print(f"Data cache ready in {root}: the tokenizer and {num_pairs:,} encoded train pairs")
-        return
+    usage = (f"usage: python -m transformer_jax.data.prepare {{{','.join(sorted(DATASETS))}}} --dir=DIR; a "
+             f"config's data cache: {CACHE_COMMAND}")
     if len(argv) != 2:
         raise errors.ConfigError(f"expected one data set name, got {list(argv[1:]) or 'none'}; {usage}")
     if not _DIR.value:
@@ -391,8 +366,9 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    from transformer_jax import run_config
+    import sys
 
-    run_config.define_config_file("config", None, "With `cache`: the run config whose data to prepare.",
-                                  lock_config=True)
+    if sys.argv[1:2] == ["cache"]:  # before the flags are parsed: --config is not one of this command's
+        errors.print_error(f"the data cache is built by its own command now: {CACHE_COMMAND} (the same "
+                           "flags as before)")
     errors.run_main(main, takes_args=True)  # the data set name
