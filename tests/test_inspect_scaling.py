@@ -1,11 +1,15 @@
 """transformer_jax/inspect/scaling.py: the NumPy reference softmax and the 1/sqrt(d_k) experiment."""
 
 import math
+import types
 
 import numpy as np
 import pytest
+from tiny import random_params
 
-from transformer_jax.inspect import forward, heads, scaling
+from transformer_jax.inspect import dev, forward, heads, scaling
+from transformer_jax.model.config import ModelConfig
+from transformer_jax.model.positions import alibi_slopes
 
 
 def test_reference_weights_by_hand_and_masked_entries_are_exactly_zero():
@@ -87,12 +91,6 @@ SCHEMES = ("sinusoidal", "learned", "rotary", "alibi", "relative", "none")
 
 def _tiny_dev_pass(scheme: str, **overrides):
     """``dev.analyse_dev`` of a tiny random model of ``scheme`` on two padded batches of odd lengths."""
-    import types
-
-    from tests.tiny import random_params
-    from transformer_jax.inspect import dev
-    from transformer_jax.model.config import ModelConfig
-
     cfg = ModelConfig(vocab_size=13, d_model=12, num_heads=3, d_ff=7, num_encoder_layers=2,
                       num_decoder_layers=1, max_len=16, position_encoding=scheme, max_relative_position=2,
                       deterministic=True, **overrides)
@@ -128,8 +126,6 @@ def test_maps_recomputed_without_the_schemes_logit_term_are_refused(scheme, monk
 def test_the_position_terms_with_and_without_the_factor():
     """ALiBi's bias is not a q.k product: the same with and without 1/sqrt(d_k), -m_h |i - j| by hand.
     The relative key term is q_i a^K_(j-i): without the factor it is sqrt(d_k) times larger."""
-    from transformer_jax.model.positions import alibi_slopes
-
     cfg, restored, _ = _tiny_dev_pass("alibi")
     queries, keys = np.ones((2, 7, 3, 4), np.float32), np.ones((2, 7, 3, 4), np.float32)
     record = forward.AttentionRecord(np.zeros((2, 3, 7, 7)), queries, keys)

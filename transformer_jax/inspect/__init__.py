@@ -14,9 +14,12 @@ everything; ``summary.md`` is printed):
 - ``dev``: one pass over the dev batches feeding ``heads`` and the model half of ``scaling``.
 - ``scaling`` (section 3.2.1): attention entropy with and without 1/sqrt(d_k), on random unit-variance
   q, k as d_k grows and on the model's own q, k (``scaling*``).
-- ``positions`` (section 3.5): PE(pos+k) = M_k PE(pos) for one block-diagonal rotation M_k per offset k,
-  and the cosine similarity of positions (``positions*``), on the positions the model has: the sinusoid,
-  or its learned tables; for another scheme the section says it does not apply.
+- ``positions``: the mechanism of the model's position scheme (``positions*``). The sinusoid (section
+  3.5): PE(pos+k) = M_k PE(pos) for one block-diagonal rotation M_k per offset k, and the cosine
+  similarity of positions; learned tables: the same fit on the model's own tables; rotary: each dimension
+  pair's rate and wavelength, and the logit of a fixed query/key pair by offset; ALiBi: the head slopes and
+  the bias by offset; relative: the norms of each layer's a^K and a^V rows by distance and their cosine
+  across distances; without positions the section says it does not apply.
 - ``complexity`` (Table 1 measured): XLA's FLOPs and the wall time of one self-attention layer against
   n, beside n^2 d and n d^2, dense and blockwise (``complexity.*``).
 - ``ablation``: every head ablated in turn (its rows of W^O zeroed) and the change in dev loss, because an

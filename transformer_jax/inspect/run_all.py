@@ -136,18 +136,40 @@ def run(workdir: str, sentence: str, out_dir: str | None = None, *, step: int | 
 
 
 def positions_section(cfg: Any, params: Any, out_dir: str) -> tuple[dict[str, Any], dict[str, str]]:
-    """The positions analysis of what the model has (``positions.model_positions_report``), written into
-    ``out_dir``: (its results, {file key: path}); for a scheme it does not know, {"applies": False} and no
-    files."""
+    """The positions analysis of the scheme the model has (``positions.model_positions_report``), written
+    into ``out_dir``: (its results, {file key: path}); without positions (``none``), {"applies": False}
+    and no files."""
     report = positions.model_positions_report(cfg, params)
     if report is None:
         return {"applies": False, "position_encoding": cfg.position_encoding}, {}
-    rows = report["rows"]
-    results = {"applies": True, "position_encoding": report["kind"], "offsets": [rows[0]["k"], rows[-1]["k"]],
-               **{f"max_{key}": max(r[key] for r in rows) for key in rows[0] if key != "k"}}
-    files = {"positions_csv": artifacts.write_table(rows, os.path.join(out_dir, "positions_offset"),
-                                                    digits=9)[0],
-             "positions_png": positions.plot_positions(report, os.path.join(out_dir, "positions.png"))}
+    kind, rows = report["kind"], report["rows"]
+    files = {"positions_png": positions.plot_positions(report, os.path.join(out_dir, "positions.png"))}
+    results: dict[str, Any] = {"applies": True, "position_encoding": kind}
+    if kind in ("sinusoidal", "learned"):
+        results.update(offsets=[rows[0]["k"], rows[-1]["k"]],
+                       **{f"max_{key}": max(r[key] for r in rows) for key in rows[0] if key != "k"})
+        stem = "positions_offset"
+    elif kind == "rotary":
+        wavelengths = [p["wavelength"] for p in report["pairs"]]
+        results.update(d_k=report["d_k"], pairs=report["pairs"], shift=report["shift"],
+                       shift_error=report["shift_error"],
+                       num_offsets=len(rows), min_wavelength=min(wavelengths),
+                       max_wavelength=max(wavelengths),
+                       logits={o: {"ones": rows[o]["logit_ones"], "random": rows[o]["logit_random"]}
+                               for o in positions.SHOWN_OFFSETS if o < len(rows)},
+                       half_offset=next((r["offset"] for r in rows if r["logit_ones"] < 0.5), None))
+        files["positions_pairs_csv"] = artifacts.write_table(
+            report["pairs"], os.path.join(out_dir, "positions_rotary_pairs"), digits=6)[0]
+        stem = "positions_rotary_offsets"
+    elif kind == "alibi":
+        results.update(offsets=report["offsets"], heads=rows)
+        stem = "positions_alibi"
+    else:  # relative
+        results.update(k=report["k"], layers=[
+            {key: value for key, value in layer.items() if key not in ("key_cosine", "value_cosine")}
+            for layer in report["layers"]])
+        stem = "positions_relative"
+    files["positions_csv"] = artifacts.write_table(rows, os.path.join(out_dir, stem), digits=9)[0]
     return results, files
 
 
@@ -155,10 +177,17 @@ def positions_lines(p: dict[str, Any], cfg: Any) -> list[str]:
     """The summary's positions section for the results of ``positions_section``."""
     lines = ["", "## Positions", ""]
     if not p["applies"]:
-        return lines + [f"- This model's position_encoding={p['position_encoding']!r} is neither the paper's "
-                        "sinusoid nor a learned table: the positions analysis does not apply."]
+        return lines + [f"- position_encoding={p['position_encoding']!r}: no position information; "
+                        "the section does not apply."]
+    kind = p["position_encoding"]
+    if kind == "rotary":
+        return lines + _rotary_lines(p)
+    if kind == "alibi":
+        return lines + _alibi_lines(p)
+    if kind == "relative":
+        return lines + _relative_lines(p)
     k0, k1 = p["offsets"]
-    if p["position_encoding"] == "learned":
+    if kind == "learned":
         return lines + [
             f"- The model's learned position tables (Table 3 row E; d_model={cfg.d_model}): with the best "
             f"fitted block-diagonal M_k, max |PE(pos+k) - M_k PE(pos)| over k in {k0}..{k1} is "
@@ -170,6 +199,54 @@ def positions_lines(p: dict[str, Any], cfg: Any) -> list[str]:
         f"M_k, {p['max_analytic_error']:.2e} with the analytic rotation; fitted vs analytic blocks "
         f"differ by at most {p['max_fit_vs_analytic']:.2e} (the lowest frequencies barely rotate "
         "over max_len positions, so the data pins their blocks down only loosely)."]
+
+
+def _rotary_lines(p: dict[str, Any]) -> list[str]:
+    d_k, n = p["d_k"], p["num_offsets"]
+    slow = sum(pair["wavelength"] > n for pair in p["pairs"])
+    half = (f"falls below 0.5 at offset {p['half_offset']}" if p["half_offset"] is not None
+            else f"stays above 0.5 up to offset {n - 1}")
+    return [
+        f"- Rotary positions on queries and keys of every self-attention (d_k={d_k}, {d_k // 2} dimension "
+        f"pairs (i, i + {d_k // 2}), rate 10000^(-2i/d_k) radians per token): wavelengths from "
+        f"{p['min_wavelength']:.1f} to {p['max_wavelength']:.3g} tokens; {slow} of the {d_k // 2} pairs turn "
+        f"less than once in {n} tokens.",
+        f"- The logit of one query/key pair with q = k = ones / sqrt(d_k) (1 at offset 0) {half}; at offsets "
+        + ", ".join(f"{o}: {v['ones']:.3f}" for o, v in p["logits"].items())
+        + "; for a random unit q = k: "
+        + ", ".join(f"{o}: {v['random']:.3f}" for o, v in p["logits"].items())
+        + f". It depends on the offset alone (moved on by {p['shift']} positions: max change "
+        f"{p['shift_error']:.1e}).",
+        "- The scaling experiment reads the rotated q and k the model sows: its maps include the rotation."]
+
+
+def _alibi_lines(p: dict[str, Any]) -> list[str]:
+    offsets = p["offsets"]
+    shown = [o for o in offsets if o in (1, 16, 256)] or offsets[:3]
+    heads = "; ".join(f"h{r['head']} m={r['slope']:.4g} (" + ", ".join(
+        f"{r[f'bias_{o}']:.3g} at {o}" for o in shown) + ")" for r in p["heads"])
+    return [
+        f"- ALiBi: each of {len(p['heads'])} heads adds -m_h |i - j| to its self-attention logits (encoder "
+        "both ways, decoder the past; nothing in encoder-decoder attention). Slopes and bias: " + heads + ".",
+        f"- A head's bias reaches -1 at 1/m_h tokens: from {min(r['reach'] for r in p['heads']):.3g} to "
+        f"{max(r['reach'] for r in p['heads']):.3g}. The scaling experiment adds this bias to its maps."]
+
+
+def _relative_lines(p: dict[str, Any]) -> list[str]:
+    k = p["k"]
+    lines = [f"- Relative positions (Shaw et al.): per self-attention layer, a^K and a^V rows for the "
+             f"distances -{k}..{k} (clipped; the causal decoder reads only distances <= 0, its other rows "
+             f"keep their initial values). Row norms at distance 0 and at the clip -{k}, the mean cosine "
+             f"of neighbouring distances, and the cosine of the two clip rows -{k} and +{k}:"]
+    for layer in p["layers"]:
+        lines.append(
+            f"  - {layer['stack']} L{layer['layer']}: |a^K| {layer['key_norm_0']:.3f} / "
+            f"{layer['key_norm_clip']:.3f}, |a^V| {layer['value_norm_0']:.3f} / "
+            f"{layer['value_norm_clip']:.3f}; "
+            f"neighbours' cosine a^K {layer['key_neighbour_cosine']:.2f}, a^V "
+            f"{layer['value_neighbour_cosine']:.2f}; a^K(-{k}) vs a^K(+{k}) {layer['key_ends_cosine']:.2f}.")
+    lines.append("- The scaling experiment adds the relative key term q_i a^K_(j-i) to its maps.")
+    return lines
 
 
 def _top(rows, key, n=3, where=lambda r: True):
