@@ -5,15 +5,17 @@ run's final_average_last, as in its final report; the last line says which steps
 reports per-subword perplexity, sacreBLEU (with its signature) and the paper's tokenized compound-split
 BLEU, beside the paper's Table 2 (newstest2014) or Table 3 (newstest2013) row for the config.
 Writes <output_dir>/<split or source file name>-<step>[-avg<N>].txt/.json and never replaces an earlier
-result unless --overwrite. All logic is in transformer_jax.evaluation.scoring; a user error (bad flag, missing
-file, unwritable output folder) prints two lines and exits 1 (TRANSFORMER_JAX_TRACEBACK=1 for more).
+result unless --overwrite. --by_length adds the score per bucket of source length (a table, the JSON's
+by_length and <...>-by_length.png), the training length marked. All logic is in
+transformer_jax.evaluation.scoring; a user error (bad flag, missing file, unwritable output folder) prints
+two lines and exits 1 (TRANSFORMER_JAX_TRACEBACK=1 for more).
 """
 
 import json
 
 from absl import flags, logging
 
-from transformer_jax.evaluation import ctranslate2_engine, paper, translation, workdir_scoring
+from transformer_jax.evaluation import by_length, ctranslate2_engine, paper, translation, workdir_scoring
 from transformer_jax.runtime import compile_cache, errors
 
 _WORKDIR = flags.DEFINE_string("workdir", "workdir", "A train.py workdir.")
@@ -63,6 +65,15 @@ _ENSEMBLE = flags.DEFINE_list(
     "More workdirs (comma-separated) whose models decode together with --workdir's: the mean of their "
     "next-token distributions. Each is restored at its latest checkpoint with the same --average_last; "
     "the model shape and tokenizer must match. Outputs are named <...>-ens<M>.")
+_BY_LENGTH = flags.DEFINE_bool(
+    "by_length", False,
+    "Also score each bucket of source length (tokens, EOS included): BLEU in the run's dev_bleu_protocol, "
+    "or F1 for parsing. Prints a table that marks the buckets beyond the training length (data.max_len), "
+    "adds them to the JSON as by_length, and draws <...>-by_length.png beside it.")
+_LENGTH_BUCKETS = flags.DEFINE_list(
+    "length_buckets", None,
+    f"--by_length: the buckets' upper edges, increasing; the last bucket is open-ended (default "
+    f"{','.join(map(str, by_length.DEFAULT_EDGES))}: 1-10, 11-20, ..., 61+).")
 _OVERWRITE = flags.DEFINE_bool(
     "overwrite", False, "Replace an existing result of the same step and inputs (otherwise an error).")
 
@@ -75,11 +86,15 @@ def main(argv):
         source_file=_SOURCE_FILE.value, reference_file=_REFERENCE_FILE.value,
         beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value, max_extra_len=_MAX_EXTRA_LEN.value,
         output_dir=_OUTPUT_DIR.value, overwrite=_OVERWRITE.value, engine=_ENGINE.value,
-        threads=_THREADS.value, quantization=_QUANTIZATION.value, ensemble=tuple(_ENSEMBLE.value))
-    table = results.pop("table")
+        threads=_THREADS.value, quantization=_QUANTIZATION.value, ensemble=tuple(_ENSEMBLE.value),
+        by_length=_BY_LENGTH.value, length_buckets=_LENGTH_BUCKETS.value)
+    table, length_table = results.pop("table"), results.pop("length_table", None)
     print(json.dumps(results, indent=1))
     print()
     print(table)
+    if length_table:
+        print(f"by source length ({by_length.LENGTH_UNIT}); plot: {results['by_length']['plot']}")
+        print(length_table)
     print(_averaged_line(results["averaged_steps"], default=_AVERAGE_LAST.value is None))
 
 

@@ -286,3 +286,44 @@ def test_an_ensemble_decodes_the_workdirs_models_together(workdir, tmp_path):
     assert result.returncode == 0, result.stderr
     named = [n for n in os.listdir(tmp_path / "cli") if re.fullmatch(r"dev-6-ens3-[0-9a-f]{8}\.json", n)]
     assert len(named) == 1, os.listdir(tmp_path / "cli")
+
+
+def test_by_length_scores_each_bucket_of_source_length(workdir, tmp_path):
+    """--by_length: the buckets' sentences and sacreBLEU, recomputed from the outputs written; the table
+    marks what lies beyond the training pairs' data.max_len; the plot lies beside the JSON."""
+    from transformer_jax.checkpoints.restore import restore_workdir
+    from transformer_jax.evaluation import bleu
+
+    path, pairs = workdir
+    out = tmp_path / "out"
+    result = _evaluate(f"--workdir={path}", "--split=test", "--by_length", "--length_buckets=16,32,64",
+                       f"--output_dir={out}", "--average_last=1", *FAST)
+    assert result.returncode == 0, result.stderr
+    with open(out / "test-6.json") as f:
+        numbers = json.load(f)["by_length"]
+    with open(out / "test-6.txt") as f:
+        outputs = f.read().splitlines()
+    assert (numbers["measure"], numbers["edges"], numbers["train_max_len"]) == ("sacreBLEU", [16, 32, 64], 64)
+    tokenizer = restore_workdir(path).tokenizer
+    lengths = [len(ids) + 1 for ids in tokenizer.encode_text([s for s, _ in pairs], side="source")]
+    for row, (low, high) in zip(numbers["buckets"], [(1, 16), (17, 32), (33, 64), (65, None)], strict=True):
+        members = [i for i, n in enumerate(lengths) if low <= n and (high is None or n <= high)]
+        assert (row["bucket"], row["sentences"]) == (f"{low}-{high}" if high else f"{low}+", len(members))
+        if members:
+            assert row["score"] == pytest.approx(bleu.sacrebleu_score(
+                [outputs[i] for i in members], [pairs[i][1] for i in members]).score)
+        assert row["training"] == ("beyond" if high is None else "within")
+    assert sum(row["sentences"] for row in numbers["buckets"]) == len(pairs)
+    with open(numbers["plot"], "rb") as f:
+        assert numbers["plot"] == str(out / "test-6-by_length.png") and f.read(4) == b"\x89PNG"
+    lines = result.stdout.strip().splitlines()
+    assert lines[-2].startswith("training pairs had at most data.max_len=64 tokens a side")
+    assert lines[-3].split() == ["65+", str(numbers["buckets"][-1]["sentences"]),
+                                 f"{numbers['buckets'][-1]['score']:.2f}", "beyond"]
+    assert lines[-1].startswith("scored the checkpoint at step 6")
+
+    with pytest.raises(ConfigError, match=r"^--length_buckets sets the buckets of --by_length"):
+        workdir_scoring.evaluate_workdir(path, length_buckets=[10, 20], output_dir=str(out))
+    with pytest.raises(ConfigError, match=r"^--length_buckets=20,10: expected strictly increasing positive"):
+        workdir_scoring.evaluate_workdir(path, by_length=True, length_buckets=["20", "10"],
+                                         output_dir=str(out))

@@ -75,7 +75,6 @@ def test_a_saved_config_is_read_leniently(section, field):
 
 @pytest.mark.parametrize("field, value, named", [
     ("model.d_model", 130, r"d_model=130.*num_heads=4"),  # not divisible by 4 heads
-    ("model.max_len", 40, r"max_len=40.*64"),  # shorter than the longest length bucket
     ("train.label_smoothing", 1.5, r"label_smoothing.*1\.5"),
     ("train.num_steps", 0, r"num_steps.*0"),
     ("log_every_steps", 0, r"log_every_steps.*0"),
@@ -102,7 +101,6 @@ def test_a_saved_config_is_read_leniently(section, field):
     ("sharding.mesh_shape", (0, 1), r"config\.sharding\.mesh_shape=\(0, 1\)"),
     ("sharding.mesh_shape", (-1, -1), r"config\.sharding\.mesh_shape=\(-1, -1\)"),
     ("sharding.mesh_shape", (-1, 1, 1), r"config\.sharding\.mesh_shape=\(-1, 1, 1\)"),
-    ("model.max_len", 100, r"config\.model\.max_len=100 must be >= 114: .*final_max_extra_len"),
     ("model.dropout_rate", 1.0, r"config\.model: dropout_rate"),
 ])
 def test_bad_fields_are_named_before_anything_compiles(field, value, named):
@@ -128,8 +126,27 @@ def test_final_eval_split_names_the_field_and_lists_only_the_valid_splits():
         run_config.build_run_config(config)
 
 
+@pytest.mark.parametrize("scheme", ["sinusoidal", "rotary", "alibi", "relative", "none"])
+def test_only_a_learned_position_table_bounds_the_lengths(scheme):
+    """model.max_len sizes the learned table alone: it must cover the buckets and the output allowance;
+    every other scheme takes any length, so a max_len below the longest bucket is no error."""
+    config = default_config.get_config()
+    config.model.max_len = 100  # below 64 + final_max_extra_len = 114
+    config.model.position_encoding = "learned"
+    with pytest.raises(ConfigError, match=r"^config\.model\.max_len=100 \(the learned position table\) must "
+                       r"be >= 114: .*final_max_extra_len"):
+        run_config.build_run_config(config)
+    config.model.max_len = 40
+    with pytest.raises(ConfigError, match=r"max_len=40 \(the learned position table\) must cover the "
+                       r"longest length bucket 64"):
+        run_config.build_run_config(config)
+    config.model.position_encoding = scheme
+    assert run_config.build_run_config(config).model.position_limit is None
+
+
 def test_decode_allowance_is_needed_only_when_training_decodes():
     config = default_config.get_config()
+    config.model.position_encoding = "learned"
     config.model.max_len = 64 + config.final_max_extra_len  # exactly enough
     run_config.build_run_config(config)
     config.model.max_len = 100  # 64 + 50 does not fit ...

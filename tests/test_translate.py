@@ -25,9 +25,10 @@ VOCAB = 29
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _model_config(max_len=40):
+def _model_config(max_len=40, position_encoding="sinusoidal"):
     return ModelConfig(vocab_size=VOCAB, d_model=15, d_ff=17, num_heads=3, d_k=5, d_v=7,
-                       num_encoder_layers=1, num_decoder_layers=2, dropout_rate=0.0, max_len=max_len)
+                       num_encoder_layers=1, num_decoder_layers=2, dropout_rate=0.0, max_len=max_len,
+                       position_encoding=position_encoding)
 
 
 def _sentences(seed, n, max_tokens):
@@ -204,7 +205,8 @@ def test_translate_texts_keeps_order_and_empty_lines():
 
 
 def test_too_long_line_is_an_error_naming_it_unless_truncate():
-    cfg = _model_config(max_len=12)  # room for 12 - 3 = 9 source tokens, EOS included
+    # The learned table of 12 positions holds 12 - 3 = 9 source tokens, EOS included.
+    cfg = _model_config(max_len=12, position_encoding="learned")
     params = random_params(cfg, seed=5)
     settings = translation.Settings(beam_size=1, max_extra_len=3)
     texts = ["short", "", "exactly8", "ninechars"]  # 9 and 10 tokens with EOS
@@ -272,12 +274,22 @@ def test_translate_command_reads_stdin_and_writes_translations_in_order(workdir,
     assert (tmp_path / "out.txt").read_text().split("\n")[:4] == expected
 
 
-def test_translate_command_names_a_too_long_line_in_one_error_line(workdir, tmp_path):
+@pytest.fixture(scope="module")
+def learned_workdir(tmp_path_factory):
+    """As ``workdir``, with a learned position table: the one scheme that bounds a line's length."""
+    workdir = str(tmp_path_factory.mktemp("learned"))
+    untrained_workdir(config_with({**TRAIN, "model.position_encoding": "learned"}), workdir)
+    return workdir
+
+
+def test_translate_command_names_a_too_long_line_in_one_error_line(learned_workdir, tmp_path):
+    workdir = learned_workdir
     (tmp_path / "in.txt").write_text("fine\n" + "word " * 400 + "\n")
     result = _run([f"--workdir={workdir}", f"--input={tmp_path / 'in.txt'}"])
     assert result.returncode == 1 and "Traceback" not in result.stderr
     line = _error_line(result)
     assert line.startswith(f"error: {tmp_path / 'in.txt'}:2: ") and "tokens (EOS included)" in line
+    assert "learned position table has model.max_len=256 positions" in line
     result = _run([f"--workdir={workdir}", f"--input={tmp_path / 'in.txt'}", "--truncate", "--beam_size=1",
                    "--max_extra_len=2"])
     assert result.returncode == 0, result.stderr
@@ -337,10 +349,11 @@ def test_the_output_path_is_checked_before_decoding(workdir, tmp_path, monkeypat
     assert calls == []
 
 
-def test_a_failed_translation_keeps_the_previous_output_and_leaves_no_temporary_file(workdir, tmp_path):
+def test_a_failed_translation_keeps_the_previous_output_and_leaves_no_temporary_file(learned_workdir,
+                                                                                       tmp_path):
     (tmp_path / "out.de").write_text("the previous translations\n")
     (tmp_path / "in.txt").write_text("fine\n" + "word " * 400 + "\n")  # line 2 is too long: an error
-    result = _run_bytes([f"--workdir={workdir}", f"--input={tmp_path / 'in.txt'}",
+    result = _run_bytes([f"--workdir={learned_workdir}", f"--input={tmp_path / 'in.txt'}",
                          f"--output={tmp_path / 'out.de'}"])
     assert "tokens (EOS included)" in _only_error_line(result)
     assert (tmp_path / "out.de").read_text() == "the previous translations\n"

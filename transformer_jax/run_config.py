@@ -255,16 +255,21 @@ def _check_sharding(config: Mapping[str, Any], environment: bool) -> None:
 
 
 def _check_lengths(data: DataConfig, eval_config: EvalConfig, model_config: ModelConfig) -> None:
-    """Positions cover the longest bucket and, when training decodes, its output allowance too."""
+    """A learned position table covers the longest bucket and, when training decodes, its output
+    allowance too; the other position schemes take any length (``ModelConfig.position_limit``)."""
+    if model_config.position_limit is None:
+        return
     largest = max(data.length_buckets)
     if model_config.max_len < largest:
         raise ConfigError(
-            f"config.model.max_len={model_config.max_len} must cover the longest length bucket {largest} "
-            "(config.data.length_buckets); raise model.max_len or drop the longest buckets")
+            f"config.model.max_len={model_config.max_len} (the learned position table) must cover the "
+            f"longest length bucket {largest} (config.data.length_buckets); raise model.max_len or drop "
+            "the longest buckets")
     needed = largest + eval_config.final_max_extra_len
     if eval_config.decodes and model_config.max_len < needed:
         raise ConfigError(
-            f"config.model.max_len={model_config.max_len} must be >= {needed}: decoding a "
+            f"config.model.max_len={model_config.max_len} (the learned position table) must be >= {needed}: "
+            "decoding a "
             f"{largest}-token bucket may output {eval_config.final_max_extra_len} tokens more "
             "(config.final_max_extra_len); raise model.max_len or lower final_max_extra_len")
 

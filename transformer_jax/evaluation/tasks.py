@@ -19,9 +19,12 @@ from typing import Any, Protocol
 
 from transformer_jax import data as data_lib
 from transformer_jax.data.config import DataConfig
-from transformer_jax.evaluation import bleu, parsing, scoring
+from transformer_jax.evaluation import bleu, evalb, parsing, scoring
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.run_config import EvalConfig
+
+# A BLEU protocol -> its name in by-length tables and plots.
+BLEU_NAMES = {"sacrebleu": "sacreBLEU", "tokenized": "tok. BLEU", "multi30k": "M30k BLEU"}
 
 
 class Task(Protocol):
@@ -41,6 +44,11 @@ class Task(Protocol):
                           **settings: Any) -> tuple[list[str], dict[str, Any], str]:
         """evaluate.py's (output lines, numbers, markdown table) of a restored workdir
         (``scoring.evaluate_restored``)."""
+
+    def length_scorer(self, data: DataConfig, eval_config: EvalConfig, split: str, batches: list
+                      ) -> tuple[str, list, Any]:
+        """(the measure's name, the references in split order, ``scorer(outputs, references) -> float``):
+        the corpus score of a subset of the outputs, for ``evaluate.py --by_length``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +89,16 @@ class TranslationTask:
     def evaluate_restored(self, restored, params, batches, ppl, **settings):
         return scoring.evaluate_restored(restored, params, batches, ppl, **settings)
 
+    def length_scorer(self, data, eval_config, split, batches):
+        """The run's dev_bleu_protocol, on the detokenized outputs and the raw references."""
+        protocol = eval_config.dev_bleu_protocol
+        references, _ = scoring.references_and_sources(batches)
+
+        def scorer(hypotheses, refs):
+            return bleu.score_all(hypotheses, refs, data.tgt_lang, protocols=(protocol,))[protocol].score
+
+        return BLEU_NAMES[protocol], references, scorer
+
 
 @dataclasses.dataclass(frozen=True)
 class ParsingTask:
@@ -104,6 +122,16 @@ class ParsingTask:
                           engine_info=None, reference_file=None, **settings):
         del decode_fn, engine, engine_info, reference_file  # JAX's tree-constrained search; no files
         return parsing.evaluate_restored(restored, params, batches, ppl, **settings)
+
+    def length_scorer(self, data, eval_config, split, batches):
+        """EVALB F1 of the outputs (repaired as ``parsing.score_batches`` does) against the gold trees."""
+        trees = data_lib.get_source(data).trees(split)
+        gold = [trees[i] for i in sorted(int(i) for b in batches for i in b.indices)]
+
+        def scorer(outputs, gold_trees):
+            return evalb.score_outputs(outputs, gold_trees, word_leaves=data.tree_leaves == "words")["f1"]
+
+        return "F1", gold, scorer
 
 
 def task_for(data: DataConfig) -> Task:

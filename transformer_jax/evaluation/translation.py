@@ -109,7 +109,8 @@ def decode_ids(params: Any, model_config: ModelConfig, ids: Sequence[np.ndarray]
     Args:
       params: the model parameters, or an ``ensemble.Ensemble`` decoded together.
       model_config: the model (decoded deterministically; every member's).
-      ids: int32[len_i] source ids, EOS included; each ``len_i + max_extra_len <= model max_len``.
+      ids: int32[len_i] source ids, EOS included; with a learned position table, each
+        ``len_i + max_extra_len <= model max_len`` (other schemes take any length).
       settings: the search.
       tokens_per_batch: the batch budget of :func:`batch_rows`; None: the model's
         :func:`default_tokens_per_batch`.
@@ -120,9 +121,9 @@ def decode_ids(params: Any, model_config: ModelConfig, ids: Sequence[np.ndarray]
       Each output int32[len_i + max_extra_len] in ``decode``'s convention (tokens, then EOS, then PAD),
       whatever the batch it was decoded in.
     """
-    extra = settings.max_extra_len
-    if any(len(s) + extra > model_config.max_len for s in ids):
-        raise ValueError(f"a source longer than model max_len={model_config.max_len} - max_extra_len="
+    extra, limit = settings.max_extra_len, model_config.position_limit
+    if limit is not None and any(len(s) + extra > limit for s in ids):
+        raise ValueError(f"a source longer than the learned positions' model max_len={limit} - max_extra_len="
                          f"{extra} tokens; check lengths first (translate_texts does)")
     if tokens_per_batch is None:  # an ensemble holds one cache per member in the same budget
         tokens_per_batch = max(1, default_tokens_per_batch(model_config) // ensemble.size(params))
@@ -140,10 +141,10 @@ def decode_ids(params: Any, model_config: ModelConfig, ids: Sequence[np.ndarray]
     pending = None
     lengths = [len(s) for s in ids]
     buckets, sizes = decode_buckets(max(lengths, default=0), settings, tokens_per_batch,
-                                    model_config.max_len - extra)
+                                    None if limit is None else limit - extra)
     for batch in eval_batches.plan_batches(lengths, buckets, sizes, round_partial=True):
         inputs = _padded(ids, batch.indices, batch.rows, batch.length)
-        max_len = min(batch.length + extra, model_config.max_len)
+        max_len = batch.length + extra if limit is None else min(batch.length + extra, limit)
         if settings.beam_size == 1:
             tokens = decode.greedy_search(params, model_config, inputs, max_len=max_len,
                                           max_extra_len=extra, constraint=constraint)
@@ -159,26 +160,46 @@ def decode_ids(params: Any, model_config: ModelConfig, ids: Sequence[np.ndarray]
     return outputs
 
 
-def source_ids(tokenizer, texts: Sequence[str], *, max_length: int, truncate: bool = False,
-               locations: Sequence[str] | None = None) -> list[np.ndarray]:
+def source_ids(tokenizer, texts: Sequence[str], *, max_length: int | None, truncate: bool = False,
+               locations: Sequence[str] | None = None, why: str = "") -> list[np.ndarray]:
     """int32 token ids of each text (whitespace normalized) with EOS appended.
 
-    A text of more than ``max_length`` tokens (EOS included) is cut to that length when ``truncate``
-    (EOS kept last); otherwise it raises DataError naming it by ``locations[i]`` or its line number.
+    A text of more than ``max_length`` tokens (EOS included; None: no limit) is cut to that length when
+    ``truncate`` (EOS kept last); otherwise it raises DataError naming it by ``locations[i]`` or its line
+    number, and the limit's reason ``why``.
     """
     encoded = tokenizer.encode_text([normalize_whitespace(t) for t in texts], side="source")
     ids = []
     for i, pieces in enumerate(encoded):
-        if len(pieces) + 1 > max_length:
+        if max_length is not None and len(pieces) + 1 > max_length:
             if not truncate:
                 where = locations[i] if locations is not None else f"line {i + 1}"
                 raise DataError(
                     f"{where}: {len(pieces) + 1} tokens (EOS included), more than the {max_length} this "
-                    "model can decode; shorten or split the line, pass --truncate to cut it, or decode "
-                    "with a smaller --max_extra_len")
+                    f"model can decode{f' ({why})' if why else ''}; shorten or split the line, pass "
+                    "--truncate to cut it, or decode with a smaller --max_extra_len")
             pieces = pieces[:max_length - 1]
         ids.append(np.asarray([*pieces, EOS_ID], np.int32))
     return ids
+
+
+def source_limit(model_config: ModelConfig, max_extra_len: int, engine: str = "jax") -> int | None:
+    """The longest source (EOS included) that ``engine`` decodes with ``max_extra_len`` output positions
+    to spare, or None for any length.
+
+    Only a learned position table bounds the JAX engine (``ModelConfig.position_limit``: its max_len rows
+    hold the source and the output alike); CTranslate2's export always writes a table of ``max_len``
+    positions.
+    """
+    limit = model_config.position_limit if engine == "jax" else model_config.max_len
+    return None if limit is None else limit - max_extra_len
+
+
+def limit_reason(model_config: ModelConfig, max_extra_len: int, engine: str = "jax") -> str:
+    """Why :func:`source_limit` bounds a source, in words, for the one-line errors."""
+    table = "its learned position table" if engine == "jax" else f"the {engine} export's position table"
+    return (f"{table} has model.max_len={model_config.max_len} positions, less the output allowance "
+            f"max_extra_len={max_extra_len}")
 
 
 def translate_texts(params: Any, model_config: ModelConfig, tokenizer, texts: Sequence[str],
@@ -189,17 +210,20 @@ def translate_texts(params: Any, model_config: ModelConfig, tokenizer, texts: Se
                     decode_fn: Callable[..., list[np.ndarray]] | None = None) -> list[str]:
     """Detokenized translations of ``texts``, in their order; an empty (or blank) text gives "".
 
-    A text too long for the model raises DataError naming it (see :func:`source_ids`) unless
-    ``truncate``. ``decode_fn(ids, settings, progress=...)`` replaces :func:`decode_ids` (then
+    A text too long for the model (:func:`source_limit`: only a learned position table bounds the
+    JAX engine) raises DataError naming it (see :func:`source_ids`) unless ``truncate``.
+    ``decode_fn(ids, settings, progress=...)`` replaces :func:`decode_ids` (then
     ``params`` is unused), e.g. ``ctranslate2_engine.Engine.decode_ids``.
     """
     keep = [i for i, t in enumerate(texts) if normalize_whitespace(t)]
-    max_length = model_config.max_len - settings.max_extra_len
-    if max_length < 1:
+    engine = "jax" if decode_fn is None else "ctranslate2"
+    max_length = source_limit(model_config, settings.max_extra_len, engine)
+    if max_length is not None and max_length < 1:
         raise DataError(f"max_extra_len={settings.max_extra_len} leaves no room for a source in the "
                         f"model's max_len={model_config.max_len}; pass a smaller --max_extra_len")
     ids = source_ids(tokenizer, [texts[i] for i in keep], max_length=max_length, truncate=truncate,
-                     locations=[locations[i] if locations else f"line {i + 1}" for i in keep])
+                     locations=[locations[i] if locations else f"line {i + 1}" for i in keep],
+                     why=limit_reason(model_config, settings.max_extra_len, engine))
     if decode_fn is None:
         outputs = decode_ids(params, model_config, ids, settings, tokens_per_batch=tokens_per_batch,
                              progress=progress)

@@ -27,6 +27,7 @@ from transformer_jax import data as data_lib
 from transformer_jax.checkpoints.restore import Restored, averaged_params, restore_workdir
 from transformer_jax.data.sources import read_parallel_numbered
 from transformer_jax.data.treebank import is_parsing
+from transformer_jax.evaluation import by_length as length_lib
 from transformer_jax.evaluation import ctranslate2_engine, evaluate_args, scoring, tasks, translation
 from transformer_jax.evaluation.translation import Settings
 from transformer_jax.model import ensemble as ensemble_lib
@@ -61,7 +62,8 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
                      alpha: float | None = None,
                      max_extra_len: int | None = None, output_dir: str | None = None,
                      overwrite: bool = False, engine: str = "jax", threads: int | None = None,
-                     quantization: str | None = None, ensemble: Sequence[str] = ()) -> dict[str, Any]:
+                     quantization: str | None = None, ensemble: Sequence[str] = (),
+                     by_length: bool = False, length_buckets: Sequence[int] | None = None) -> dict[str, Any]:
     """Restores a training workdir and scores it: PPL, sacreBLEU, tokenized BLEU, paper table.
 
     The run's task (``tasks.task_for``) scores the outputs: a translation run through
@@ -94,20 +96,25 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
         mean of their distributions), each at its latest good checkpoint with the same averaging; they
         must have the same model shape and tokenizer. Perplexity is the ensemble's; outputs are named
         ``...-ens<M>-<key>``, key a hash of the models' workdirs and steps.
+      by_length: also score each bucket of source length (``by_length``: BLEU in the run's
+        dev_bleu_protocol, or F1), as ``by_length`` in the numbers, a ``length_table`` to print and a
+        plot ``<name>-<step>...-by_length.png`` beside the JSON.
+      length_buckets: the buckets' edges in source tokens (EOS included), the last bucket open; None:
+        ``by_length.DEFAULT_EDGES``. Only with ``by_length``.
     """
     out_dir = output_dir or evaluate_args.default_output_dir(workdir)
     _check_engine(engine, threads, quantization)
     evaluate_args.check_arguments(
         workdir, step=step, average_last=average_last, split=split, source_file=source_file,
         reference_file=reference_file, beam_size=beam_size, alpha=alpha, max_extra_len=max_extra_len,
-        output_dir=out_dir, ensemble=ensemble)
+        output_dir=out_dir, ensemble=ensemble, by_length=by_length, length_buckets=length_buckets)
     if ensemble and engine != "jax":
         raise ConfigError(f"--ensemble decodes with --engine=jax; got --engine={engine}")
     from_config = average_last is None
     restored, settings, average_last = _restore(workdir, step, average_last, beam_size, alpha, max_extra_len)
     run, tokenizer, model_config = restored.run, restored.tokenizer, restored.model_config
     beam_size, alpha, max_extra_len = settings.beam_size, settings.alpha, settings.max_extra_len
-    max_source_length = _decodable_length(model_config, run.data, max_extra_len)
+    max_source_length = _decodable_length(model_config, run.data, max_extra_len, engine)
     task = tasks.task_for(run.data)
     if engine not in task.engines:
         raise ConfigError(f"--engine={engine}: a {task.name} run decodes with {' or '.join(task.engines)}; "
@@ -122,7 +129,7 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
         # Claimed before anything is decoded: a second evaluate.py of the same outputs is refused now.
         txt_path, json_path = stack.enter_context(evaluate_args.claimed_outputs(stem, overwrite=overwrite))
         split, batches = _split_batches(run.data, tokenizer, split, source_file, reference_file,
-                                        model_config.max_len, max_source_length)
+                                        model_config.position_limit, max_source_length)
         params, averaged_steps = averaged_params(restored, average_last, from_config=from_config)
         if members:
             params = Ensemble((params, *(p for p, _ in members)))
@@ -146,9 +153,29 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
             steps = [averaged_steps] + [member_steps for _, member_steps in members]
             results["ensemble"] = [{"workdir": d, "averaged_steps": s}
                                    for d, s in zip((workdir, *ensemble), steps, strict=True)]
+        extra = {}
+        if by_length:
+            results["by_length"], extra["length_table"] = _score_by_length(
+                task, run, split, batches, lines,
+                length_lib.check_edges(length_buckets) if length_buckets else length_lib.DEFAULT_EDGES,
+                stem + "-by_length.png")
         _write(txt_path, "".join(line + "\n" for line in lines))
         _write(json_path, json.dumps(results, indent=1))
-    return {**results, "table": table, "outputs": (txt_path, json_path)}
+    return {**results, "table": table, **extra, "outputs": (txt_path, json_path)}
+
+
+def _score_by_length(task, run, split: str, batches, outputs: list[str], edges: Sequence[int],
+                     png_path: str) -> tuple[dict[str, Any], str]:
+    """(the numbers, the printed table) of ``outputs`` by source length; draws the plot at ``png_path``."""
+    measure, references, scorer = task.length_scorer(run.data, run.eval, split, batches)
+    train_max_len = run.data.max_len
+    rows = length_lib.score_by_length(length_lib.source_lengths(batches), outputs, references, edges, scorer,
+                                      train_max_len=train_max_len)
+    length_lib.plot_by_length({run.name: rows}, png_path, measure, train_max_len=train_max_len,
+                              title=f"{run.name}: {split} by source length")
+    numbers = {"measure": measure, "length_unit": length_lib.LENGTH_UNIT, "edges": list(edges),
+               "train_max_len": train_max_len, "buckets": rows, "plot": png_path}
+    return numbers, length_lib.length_table(rows, measure, train_max_len=train_max_len)
 
 
 def _ensemble_member(first: Restored, workdir: str, average_last: int, from_config: bool
@@ -174,12 +201,13 @@ def _write(path: str, text: str) -> None:
 
 
 def _split_batches(data_config, tokenizer, split: str, source_file: str | None,
-                   reference_file: str | None, max_length: int, max_source_length: int
+                   reference_file: str | None, max_length: int | None, max_source_length: int | None
                    ) -> tuple[str, list]:
-    """(split name, batches): the run's ``split``, or the given file pair (named after newstest).
+    """(split name, batches): the run's ``split`` (every pair, whatever ``data.max_len``: it drops train
+    pairs only), or the given file pair (named after newstest).
 
     A pair over ``max_length`` tokens on either side, or a source over ``max_source_length``, raises
-    DataError naming its file and line.
+    DataError naming its file and line; None is no limit (a model without a position table).
     """
     limits = {"max_length": max_length, "max_source_length": max_source_length}
     if not (source_file or reference_file):
@@ -212,18 +240,25 @@ def _check_engine(engine: str, threads: int | None, quantization: str | None) ->
                           f"{', '.join(ctranslate2_engine.QUANTIZATIONS)}")
 
 
-def _decodable_length(model_config: ModelConfig, data_config, max_extra_len: int) -> int:
-    """The longest padded input that leaves room for ``max_extra_len`` output positions.
+def _decodable_length(model_config: ModelConfig, data_config, max_extra_len: int,
+                      engine: str = "jax") -> int | None:
+    """The longest padded input that leaves room for ``max_extra_len`` output positions in the position
+    table (``translation.source_limit``); None when the model has none to fill (any length decodes).
 
     Raises ConfigError when not even the largest length bucket fits (``--max_extra_len`` too large).
     """
+    limit = translation.source_limit(model_config, max_extra_len, engine)
+    if limit is None:
+        return None
     largest = max(data_config.length_buckets)
-    if largest + max_extra_len > model_config.max_len:
+    if largest > limit:
+        room = model_config.max_len - largest
         raise ConfigError(
-            f"--max_extra_len={max_extra_len}: the model's max_len={model_config.max_len} leaves room "
-            f"for at most {model_config.max_len - largest} output positions beyond the largest length "
-            f"bucket {largest}; pass --max_extra_len={max(model_config.max_len - largest, 0)} or less")
-    return model_config.max_len - max_extra_len
+            f"--max_extra_len={max_extra_len}: the model's max_len={model_config.max_len} (its "
+            f"{'learned position' if engine == 'jax' else engine + ' position'} table) leaves room for at "
+            f"most {room} output positions beyond the largest length bucket {largest}; pass "
+            f"--max_extra_len={max(room, 0)} or less")
+    return limit
 
 
 def translate_workdir(workdir: str, *, input_path: str | None = None, output_path: str | None = None,

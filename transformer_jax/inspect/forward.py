@@ -123,7 +123,7 @@ def attention_mask(kind: str, inputs: np.ndarray, targets: np.ndarray) -> np.nda
 def encode_sentence(tokenizer, sentence: str, max_len: int | None = None) -> np.ndarray:
     """int32[1, src_len]: the pieces of ``sentence`` plus EOS, as the data pipeline feeds the encoder.
 
-    Raises ConfigError for an empty sentence, or one longer than ``max_len`` (the model's) pieces.
+    Raises ConfigError for an empty sentence, or one longer than ``max_len`` pieces (None: any length).
     """
     text = data_lib.normalize_whitespace(sentence)
     if not text:
@@ -170,4 +170,5 @@ def dev_batches(restored: Restored, num_sentences: int, split: str = "dev") -> l
     """The first ``num_sentences`` of ``split`` as padded evaluation batches; a longer example than the
     model takes raises DataError naming it."""
     return data_lib.make_eval_batches(restored.run.data, restored.tokenizer, split,
-                                      max_examples=num_sentences, max_length=restored.model_config.max_len)
+                                      max_examples=num_sentences,
+                                      max_length=restored.model_config.position_limit)

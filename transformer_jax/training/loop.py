@@ -89,8 +89,11 @@ def _eval_batches(run: RunConfig, tokenizer: data_lib.Tokenizer) -> tuple[list, 
     """
     if jax.process_count() > 1:
         return [], [], []
-    max_len, ev = run.model.max_len, run.eval
-    decodable = {"max_length": max_len, "max_source_length": max_len - ev.final_max_extra_len}
+    # Only a learned position table bounds a length (None: any); dev and test keep every pair whatever
+    # data.max_len, which drops train pairs only.
+    max_len, ev = run.model.position_limit, run.eval
+    decodable = {"max_length": max_len,
+                 "max_source_length": None if max_len is None else max_len - ev.final_max_extra_len}
     dev = data_lib.make_eval_batches(run.data, tokenizer, "dev", max_length=max_len)
     dev_decode = data_lib.make_eval_batches(run.data, tokenizer, "dev", max_examples=ev.eval_bleu_examples,
                                             **decodable) if ev.eval_bleu_examples else []

@@ -1,0 +1,150 @@
+"""Scoring by source length (evaluation/by_length.py) and the lengths a model takes: only a learned position
+table bounds them (``ModelConfig.position_limit``); dev and test keep every pair whatever ``data.max_len``."""
+
+import dataclasses
+import types
+
+import numpy as np
+import pytest
+
+from transformer_jax import data as data_lib
+from transformer_jax.checkpoints.restore import restore_workdir
+from transformer_jax.evaluation import bleu, by_length, translation
+from transformer_jax.model.special_ids import EOS_ID, PAD_ID
+from transformer_jax.runtime.errors import ConfigError, DataError
+from transformer_jax.training import loop
+
+
+def _exact(hypotheses, references):
+    """A corpus score computable by hand: the percentage of exact matches."""
+    return 100.0 * sum(h == r for h, r in zip(hypotheses, references, strict=True)) / len(hypotheses)
+
+
+# ----------------------------------------------------------------------------- buckets
+
+
+def test_edges_are_inclusive_upper_bounds_and_the_last_bucket_is_open():
+    assert by_length.buckets((10, 20, 40)) == [(1, 10), (11, 20), (21, 40), (41, None)]
+    assert [by_length.bucket_label(*b) for b in by_length.buckets((10, 20))] == ["1-10", "11-20", "21+"]
+    assert by_length.check_edges(["10", " 20", "30"]) == (10, 20, 30)
+    for bad in (["20", "10"], ["0", "5"], ["10", "10"], ["ten"], []):
+        with pytest.raises(ConfigError, match=r"^--length_buckets=.*: expected strictly increasing positive"):
+            by_length.check_edges(bad)
+
+
+def test_each_bucket_is_scored_as_a_corpus_of_its_own_sentences():
+    lengths = [3, 10, 11, 25, 40, 41, 7]
+    hypotheses = ["a", "b", "c", "d", "x", "f", "y"]
+    references = ["a", "b", "c", "d", "e", "f", "g"]
+    rows = by_length.score_by_length(lengths, hypotheses, references, (10, 20, 30, 40, 50, 60), _exact,
+                                     train_max_len=30)
+    # 1-10: a b (y wrong) -> 2 of 3; 11-20: c; 21-30: d; 31-40: x wrong; 41-50: f; 51-60 and 61+ empty.
+    assert [(r["bucket"], r["sentences"], r["score"], r["training"]) for r in rows] == [
+        ("1-10", 3, pytest.approx(200 / 3), "within"), ("11-20", 1, 100.0, "within"),
+        ("21-30", 1, 100.0, "within"), ("31-40", 1, 0.0, "beyond"), ("41-50", 1, 100.0, "beyond"),
+        ("51-60", 0, None, "beyond"), ("61+", 0, None, "beyond")]
+    assert by_length.score_by_length(lengths, hypotheses, references, (20,), _exact,
+                                     train_max_len=15)[0]["training"] == "partly"
+    with pytest.raises(ValueError, match="one of each per sentence"):
+        by_length.score_by_length(lengths[:-1], hypotheses, references, (10,), _exact)
+
+
+def test_bucket_bleu_is_corpus_bleu_of_the_bucket():
+    """sacreBLEU per bucket: the bucket of perfect outputs scores 100, the other its own corpus BLEU."""
+    references = ["the cat sat on the mat today", "a dog ran in the park", "it rained all day long here"]
+    hypotheses = [references[0], "a dog ran in a park", references[2]]
+
+    def sacrebleu(h, r):
+        return bleu.sacrebleu_score(h, r).score
+
+    rows = by_length.score_by_length([5, 30, 9], hypotheses, references, (10,), sacrebleu)
+    assert rows[0]["score"] == pytest.approx(100.0)
+    assert rows[1]["score"] == pytest.approx(bleu.sacrebleu_score(hypotheses[1:2], references[1:2]).score)
+    assert rows[1]["score"] < 100
+
+
+def test_source_lengths_count_tokens_with_eos_in_split_order():
+    inputs = np.array([[5, 6, EOS_ID, PAD_ID], [7, EOS_ID, PAD_ID, PAD_ID], [PAD_ID] * 4], np.int32)
+    batches = [types.SimpleNamespace(inputs=inputs, num_real=2, indices=np.array([2, 0])),
+               types.SimpleNamespace(inputs=np.array([[4, 4, 4, EOS_ID]], np.int32), num_real=1,
+                                     indices=np.array([1]))]
+    assert by_length.source_lengths(batches) == [2, 4, 3]
+
+
+def test_the_table_marks_the_training_length_and_the_plot_is_a_png(tmp_path):
+    rows = by_length.score_by_length([4, 14, 24], ["a", "b", "c"], ["a", "b", "x"], (10, 20), _exact,
+                                     train_max_len=16)
+    table = by_length.length_table(rows, "BLEU", train_max_len=16).splitlines()
+    assert table[0].split() == ["source", "tokens", "sentences", "BLEU", "training"]
+    assert table[2].split() == ["1-10", "1", "100.00", "within"]
+    assert table[3].split() == ["11-20", "1", "100.00", "partly"]
+    assert table[4].split() == ["21+", "1", "0.00", "beyond"]
+    assert table[-1].startswith("training pairs had at most data.max_len=16 tokens a side")
+    out = by_length.plot_by_length({"run": rows}, str(tmp_path / "plot" / "by_length.png"), "BLEU",
+                                   train_max_len=16, bands={"run": ([0, 90, None], [100, 100, None])})
+    with open(out, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in (tmp_path / "plot").iterdir()] == ["by_length.png"]  # no partial file left
+
+
+# ----------------------------------------------------------------------------- the lengths a model takes
+
+
+@pytest.fixture(scope="module")
+def restored(trained_run):
+    return restore_workdir(trained_run[0])
+
+
+def test_a_learned_table_refuses_a_longer_input_in_one_line(restored):
+    cfg = restored.model_config.replace(position_encoding="learned", max_len=12)
+    long_text = " ".join(["The dog sleeps."] * 6)
+    n = len(restored.tokenizer.encode_text([long_text], side="source")[0]) + 1
+    settings = translation.Settings(beam_size=1, max_extra_len=4)
+    with pytest.raises(DataError, match=rf"^line 2: {n} tokens \(EOS included\), more than the 8 this model "
+                       r"can decode \(its learned position table has model.max_len=12 positions, less the "
+                       r"output allowance max_extra_len=4\)") as info:
+        translation.translate_texts(None, cfg, restored.tokenizer, ["Hi.", long_text], settings)
+    assert "\n" not in str(info.value)
+    assert translation.source_limit(cfg, 4) == 8
+    assert translation.source_limit(restored.model_config, 4) is None  # sinusoidal: any length
+    assert translation.source_limit(restored.model_config.replace(max_len=12), 4, "ctranslate2") == 8
+
+
+def test_dev_and_test_keep_every_length_whatever_the_training_length(restored):
+    """data.max_len drops train pairs only; with positions that have no table, a model.max_len below the
+    longest dev or test pair refuses nothing either, and a learned table refuses in one line."""
+    run = restored.run
+    short = dataclasses.replace(run, data=run.data.replace(max_len=8, length_buckets=(8, 64)),
+                                model=run.model.replace(max_len=9))
+    pairs = {split: data_lib.get_source(short.data).pairs(split) for split in ("dev", "test")}
+    lengths = [len(ids) + 1 for ids in restored.tokenizer.encode_text([s for s, _ in pairs["test"]],
+                                                                      side="source")]
+    assert max(lengths) > 9  # longer than both data.max_len and model.max_len
+    dev, dev_decode, final = loop._eval_batches(short, restored.tokenizer)
+    assert sum(b.num_real for b in dev) == len(pairs["dev"])
+    assert sum(b.num_real for b in final) == len(pairs["test"])
+    assert sum(b.num_real for b in dev_decode) == min(run.eval.eval_bleu_examples, len(pairs["dev"]))
+    assert sorted(by_length.source_lengths(final)) == sorted(lengths)
+    learned = dataclasses.replace(short, model=short.model.replace(position_encoding="learned"))
+    with pytest.raises(DataError, match=r"more than the model's max_len=9"):
+        loop._eval_batches(learned, restored.tokenizer)
+
+
+def test_a_parsing_run_is_scored_by_bracket_f1_per_bucket():
+    """The parsing task's scorer: the gold linearizations score F1 100, right-branching trees less."""
+    from transformer_jax.data.config import default_data_config
+    from transformer_jax.evaluation import evalb, tasks
+
+    data = default_data_config(source="synthetic_trees", synthetic_train_size=5, synthetic_dev_size=7,
+                               synthetic_test_size=3)
+    batches = [types.SimpleNamespace(indices=np.array([4, 0, 2])), types.SimpleNamespace(indices=np.array(
+        [6, 1, 5, 3]))]
+    measure, gold, scorer = tasks.task_for(data).length_scorer(data, None, "dev", batches)
+    source = data_lib.get_source(data)
+    assert measure == "F1" and [str(t) for t in gold] == [str(t) for t in source.trees("dev")]
+    outputs = [target for _, target in source.pairs("dev")]  # the gold linearizations, as decoded
+    rows = by_length.score_by_length([3, 30, 3, 30, 3, 30, 3], outputs, gold, (10,), scorer)
+    assert [(r["sentences"], r["score"]) for r in rows] == [(4, 100.0), (3, 100.0)]
+    wrong = outputs[1:] + outputs[:1]  # each sentence given another's tree: repaired, then scored lower
+    assert scorer(wrong, gold) < scorer(outputs, gold) == 100.0
+    assert evalb.right_branching_baseline(gold)["f1"] < 100
