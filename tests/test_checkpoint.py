@@ -2,6 +2,7 @@
 averaging."""
 
 import glob
+import json
 import logging
 import os
 import re
@@ -492,3 +493,29 @@ def test_metadata_is_saved_and_read_without_arrays(tmp_path):
         ckpt.save(4, make_state(), data_state={}, config={"d_model": 5}, force=True,
                   metadata={"tokenizer_sha256": "ab" * 32})
     assert CheckpointReader(tmp_path).saved_info() == (4, {"d_model": 5}, {"tokenizer_sha256": "ab" * 32})
+
+
+def test_a_resume_refuses_another_position_scheme_and_another_relative_clip_distance():
+    """The scheme decides what the parameters mean (rotary -> ALiBi keeps every shape); the clip distance
+    k the relative tables' 2k+1 rows, so it is compared only where a side uses relative positions."""
+    from configs import default as default_config
+    from transformer_jax import run_config
+
+    def saved(**model) -> dict:
+        config = default_config.get_config()
+        config.model.update(model)
+        return json.loads(json.dumps(dict(run_config.build_run_config(config, environment=False).saved)))
+
+    assert not {"model.position_encoding", "model.max_relative_position"} & set(checks.RUN_TIME_FIELDS)
+    assert checks.model_differences(saved(position_encoding="rotary"), saved(position_encoding="alibi")) == [
+        "model.position_encoding: saved 'rotary', new 'alibi'"]
+    relative, shorter = (saved(position_encoding="relative", max_relative_position=k) for k in (16, 8))
+    assert checks.model_differences(relative, shorter) == ["model.max_relative_position: saved 16, new 8"]
+    # Under a scheme without relative tables k means nothing, and a config saved before it existed resumes.
+    sinusoid = saved()
+    assert checks.model_differences(sinusoid, saved(max_relative_position=8)) == []
+    del sinusoid["model"]["max_relative_position"]
+    assert checks.model_differences(sinusoid, saved()) == []
+    assert checks.model_differences(sinusoid, saved(position_encoding="relative")) == [
+        "model.max_relative_position: saved None, new 16", "model.position_encoding: saved 'sinusoidal', "
+        "new 'relative'"]

@@ -192,6 +192,10 @@ RUN_TIME_FIELDS = tuple(f"model.{name}" for name in (
     "dtype", "attention_witness", "deterministic", "decode",
     "decode_cache_len", "decode_beams"))  # the last two: fields of older saved configs (now cache shapes)
 
+# Fields that shape the parameters only under some position schemes (the relative tables' 2k+1 rows):
+# compared only when the saved or the new config uses one of those schemes.
+SCHEME_FIELDS = {"model.max_relative_position": ("relative",)}
+
 
 def _as_dict(config: Any) -> dict:
     return config if isinstance(config, dict) else config.to_dict()
@@ -218,10 +222,14 @@ def model_differences(saved_config: Any, new_config: Any) -> list[str]:
     (the model's, and the vocabulary's) in which the configs differ; ``RUN_TIME_FIELDS`` are not compared.
 
     Both configs may be dicts (a checkpoint's saved JSON) or ConfigDicts. A field missing on one side
-    counts as a difference only if the other side sets it to something other than None.
+    counts as a difference only if the other side sets it to something other than None. A field of
+    ``SCHEME_FIELDS`` counts only where either side uses a position scheme that reads it (so a config saved
+    before the field existed resumes under the other schemes).
     """
+    schemes = {_as_dict(config).get("model", {}).get("position_encoding", "sinusoidal")
+               for config in (saved_config, new_config)}
     return [f"{key}: saved {old!r}, new {cur!r}" for key, old, cur in _differences(saved_config, new_config)
-            if key not in RUN_TIME_FIELDS]
+            if key not in RUN_TIME_FIELDS and (key not in SCHEME_FIELDS or schemes & set(SCHEME_FIELDS[key]))]
 
 
 def run_time_differences(saved_config: Any, new_config: Any) -> list[str]:
