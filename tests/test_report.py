@@ -129,6 +129,11 @@ def test_missing_results_and_bleu_result_objects():
 
 @pytest.mark.parametrize("overrides, named", [
     ({"model.position_encoding": "learned"}, "model.position_encoding='learned' (paper: 'sinusoidal')"),
+    ({"model.position_encoding": "rotary"}, "model.position_encoding='rotary' (paper: 'sinusoidal')"),
+    ({"model.position_encoding": "none"}, "model.position_encoding='none' (paper: 'sinusoidal')"),
+    ({"model.position_encoding": "relative", "model.max_relative_position": 8},
+     "model.position_encoding='relative' (paper: 'sinusoidal'); model.max_relative_position=8 (paper: "
+     "none, its positions are 'sinusoidal')"),
     ({"train.num_steps": 1000}, "train.num_steps=1000 (paper: 100000)"),
     ({"model.dropout_rate": 0.2, "model.norm_style": "pre"},
      "model.dropout_rate=0.2 (paper: 0.1); model.norm_style='pre' (paper: 'post')"),
@@ -152,6 +157,9 @@ def test_settings_that_change_how_not_what_keep_the_comparison():
         "model.attention_impl": "blockwise", "model.dtype": "bfloat16", "data.max_len": 128,
         "train.grad_accum_steps": 2, "model.max_len": 400})
     assert _row(table, "BLEU, tokenized")[1:3] == ["26.91", "27.3"]
+    # The relative tables' clip distance is read only by relative positions: the sinusoid's run is the row.
+    table = _table("wmt14_en_de_base", "test", RESULTS, **{"model.max_relative_position": 8})
+    assert _row(table, "BLEU, tokenized")[1:3] == ["26.91", "27.3"], table
     # EN-FR big is trained with P_drop 0.1 (section 6.1), not big's 0.3.
     assert _row(_table("wmt14_en_fr_big", "test", RESULTS), "BLEU, tokenized")[2] == "41.8 †"
     # A Table 3 row at a smaller scale is not the paper's row either.

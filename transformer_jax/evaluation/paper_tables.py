@@ -41,6 +41,10 @@ _NONE = "—"
 # be compared with the paper's row. Every other field must be the row's.
 HOW_FIELDS = ("vocab_size", "max_len", "attention_impl", "attention_block_size", "dtype", "attention_witness",
               "deterministic", "decode")
+# Fields that only some position schemes read, none of them the paper's: a run that uses such a scheme
+# already differs in position_encoding, and the field is named beside it; under the other schemes it is
+# not read, so it is not compared.
+SCHEME_FIELDS = {"max_relative_position": ("relative",)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,12 +84,19 @@ def paper_reference(config_name: str, split: str) -> PaperReference | None:
 
 def paper_differences(reference: PaperReference, run: Any) -> list[str]:
     """``["model.position_encoding='learned' (paper: 'sinusoidal')", ...]``: where ``run`` (a RunConfig)
-    is not the paper's row: the fields the row fixes, and every model field but ``HOW_FIELDS``."""
+    is not the paper's row: the fields the row fixes, and every model field but ``HOW_FIELDS`` (a field of
+    ``SCHEME_FIELDS`` only under a scheme that reads it)."""
     row_model = {k.removeprefix("model."): v for k, v in reference.fields.items() if k.startswith("model.")}
     paper_model = ModelConfig(vocab_size=run.model.vocab_size, **row_model)
-    differences = [f"model.{f.name}={getattr(run.model, f.name)!r} (paper: {getattr(paper_model, f.name)!r})"
-                   for f in dataclasses.fields(ModelConfig) if f.name not in HOW_FIELDS
-                   and getattr(run.model, f.name) != getattr(paper_model, f.name)]
+    differences = []
+    for f in dataclasses.fields(ModelConfig):
+        mine, theirs = getattr(run.model, f.name), getattr(paper_model, f.name)
+        if f.name in SCHEME_FIELDS:
+            if run.model.position_encoding in SCHEME_FIELDS[f.name]:
+                differences.append(f"model.{f.name}={mine!r} (paper: none, its positions are "
+                                   f"{paper_model.position_encoding!r})")
+        elif f.name not in HOW_FIELDS and mine != theirs:
+            differences.append(f"model.{f.name}={mine!r} (paper: {theirs!r})")
     for key, value in reference.fields.items():
         section, name = key.split(".")
         if section != "model" and getattr(getattr(run, section), name) != value:
