@@ -14,9 +14,9 @@ Faults:
 - SIGTERM, SIGINT or SIGUSR1 during a build (``stopping``), to the run or to its whole process group, stop
   the build within seconds: the workers ignore the signals and the builder stops them. The run prints one
   line and exits 0, as training does in its other phases; a signal that comes while the run waits for
-  another process's build stops the wait the same way. A signal that comes once the entry is whole is
-  handed to the handler the run had before (training's ``PreemptionGuard``), which is also told of every
-  signal as it comes.
+  another process's build stops the wait the same way. The handler the run had before (training's
+  ``PreemptionGuard``) is told of every signal as it comes, so a signal that came as the entry was finished
+  stops the run after its set-up.
 """
 
 from __future__ import annotations
@@ -293,9 +293,9 @@ _active: list[_Stopping] = []
 def stopping(what: str, *, enabled: bool = True) -> Iterator[None]:
     """Within this block a stop signal ends the build (``run_builder``) or the wait for another process's
     build: one line on stdout, then ``SystemExit(0)``. A handler the process had before (training's
-    ``PreemptionGuard``) is told of every signal too; a signal it could not be told of (the default
-    action) is raised again after the block if the entry was made all the same. Off the main thread, or
-    with ``enabled`` False, the block changes nothing."""
+    ``PreemptionGuard``) is told of every signal too; without one (the default action), a signal that came
+    as the entry was finished ends the run after the block in the same way. Off the main thread, or with
+    ``enabled`` False, the block changes nothing."""
     if not enabled or threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -314,8 +314,11 @@ def stopping(what: str, *, enabled: bool = True) -> Iterator[None]:
         raise SystemExit(0) from None
     finally:
         _restore(state)
-    if state.signum is not None and not _Stopping._passes_on(state.previous[state.signum]):
-        signal.raise_signal(state.signum)  # the entry is whole: the signal does what it would have done
+    previous = state.previous.get(state.signum)
+    if state.signum is not None and not _Stopping._passes_on(previous) and previous != signal.SIG_IGN:
+        print(f"Stopped by {signal.Signals(state.signum).name} once {what} was whole, in the data cache. Run "
+              "the same command again to go on.", flush=True)
+        raise SystemExit(0)
 
 
 def _restore(state: _Stopping) -> None:
