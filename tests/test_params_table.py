@@ -60,3 +60,19 @@ def test_table_has_every_row_and_its_numbers():
 def test_implied_vocabulary_of_the_base_row():
     # 65M - 6 x 7,350,272 (layers) = 20,898,368 = 512 x 40,817.1
     assert params_table.implied_vocab_size(paper.TABLE3_BY_NAME["base"]) == pytest.approx(40_817.1, abs=0.1)
+
+
+def test_the_rows_beyond_the_paper_count_the_relative_tables():
+    """E+ rows follow row E, marked beyond the paper; relative positions add a^K and a^V, (2k+1) x 64 each,
+    in each of the 12 self-attention layers: 12 x 33 x 128 = 50,688; the other schemes add nothing."""
+    table = params_table.parameter_table(37_000)
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()
+            if line.startswith("| E")]
+    assert [r[0] for r in rows] == ["E-learned-pos", *(r.name for r in paper.TABLE3_BEYOND)]
+    cells = {r[0]: r for r in rows}
+    assert cells["E+-relative-pos"][1:] == ["position_encoding=relative", "63,096,320", "63.1",
+                                            "beyond the paper"]
+    for name in ("E+-rotary-pos", "E+-alibi-pos", "E+-no-pos"):
+        assert cells[name][2:] == ["63,045,632", "63.0", "beyond the paper"]  # the base row's count
+    assert "(50,688 at the base row, k=16)" in table
+    assert 63_096_320 - 63_045_632 == 12 * 33 * 128

@@ -3,7 +3,8 @@
     python -m transformer_jax.params_table [--vocab_size=37000]
 
 A row's model is ``ModelConfig(vocab_size=v, **row.model)``: the paper's base model is ModelConfig's
-defaults, and ``paper.TABLE3`` rows override it. Counts come from ``model_config.param_count`` (no
+defaults, and ``paper.TABLE3`` rows override it; the rows beyond the paper (``paper.TABLE3_BEYOND``, E+:
+other position schemes) follow row E. Counts come from ``model_config.param_count`` (no
 initialization). The paper rounds to millions and does not give its exact vocabulary, so the table also
 says which vocabulary each printed count implies.
 """
@@ -17,7 +18,7 @@ from transformer_jax.model.config import ModelConfig, param_count
 from transformer_jax.runtime import errors
 
 
-def row_model_config(row: paper.Table3Row, vocab_size: int) -> ModelConfig:
+def row_model_config(row: paper.Table3Row | paper.BeyondTable3Row, vocab_size: int) -> ModelConfig:
     """The row's model at paper scale: ModelConfig's defaults (the base model) with the row's overrides."""
     return ModelConfig(vocab_size=vocab_size, **row.model)
 
@@ -30,25 +31,33 @@ def implied_vocab_size(row: paper.Table3Row) -> float:
 
 
 def parameter_table(vocab_size: int) -> str:
-    """Markdown: one line per Table 3 row (exact count, x10^6, the paper's x10^6), then notes."""
+    """Markdown: one line per Table 3 row (exact count, x10^6, the paper's x10^6), the rows beyond the
+    paper (E+, other position schemes) after row E, then notes."""
     lines = [f"Shared vocabulary: {vocab_size}.",
              "| row | changes | params (exact) | x10^6 | paper x10^6 |", "|---|---|---:|---:|---:|"]
     gaps = []
-    for row in paper.TABLE3:
+    for row in paper.TABLE3_ALL:
         count = param_count(row_model_config(row, vocab_size))
-        if row.params_millions is not None:
-            gaps.append((abs(count / 1e6 - row.params_millions), row.name))
+        printed = getattr(row, "params_millions", None)
+        if printed is not None:
+            gaps.append((abs(count / 1e6 - printed), row.name))
         changes = ", ".join(f"{k}={v}" for k, v in {**row.model, **row.train}.items()) or "-"
-        theirs = "-" if row.params_millions is None else str(row.params_millions)
+        theirs = "beyond the paper" if row.name in paper.TABLE3_BEYOND_BY_NAME else (
+            "-" if printed is None else str(printed))
         lines.append(f"| {row.name} | {changes} | {count:,} | {count / 1e6:.1f} | {theirs} |")
     base, big = paper.TABLE3_BY_NAME["base"], paper.TABLE3_BY_NAME["big"]
     gap, gap_row = max(gaps)
+    base_config = row_model_config(base, vocab_size)
+    relative_tables = (param_count(base_config.replace(position_encoding="relative"))
+                       - param_count(base_config))
     lines.append(
         f"\nThe paper rounds to millions and does not give its exact vocabulary: its base row implies "
         f"{implied_vocab_size(base) / 1e3:.1f}k shared tokens and its big row "
         f"{implied_vocab_size(big) / 1e3:.1f}k, so no single vocabulary matches every row. Largest gap "
-        f"here: {gap:.1f}M ({gap_row}). Learned positions (E) add two max_len x d_model tables; attention "
-        "projections have no biases, as in the paper's equations.")
+        f"here: {gap:.1f}M ({gap_row}). Learned positions (E) add two max_len x d_model tables; relative "
+        "positions (E+) one a^K [2k+1, d_k] and one a^V [2k+1, d_v] table per self-attention layer "
+        f"({relative_tables:,} at the base row, k={base_config.max_relative_position}); rotary, ALiBi and no "
+        "positions add none. Attention projections have no biases, as in the paper's equations.")
     return "\n".join(lines)
 
 
