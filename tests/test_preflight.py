@@ -13,6 +13,8 @@ from tiny import config_with
 
 from transformer_jax import run_config
 from transformer_jax.benchmarks import preflight, train_step
+from transformer_jax.model import fused_attention
+from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import PAD_ID
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.runtime import host_memory
@@ -156,3 +158,23 @@ def test_a_cpus_memory_budget_is_half_the_available_host_memory_not_the_free(mon
     monkeypatch.setattr(host_memory, "available_memory", lambda: (10 * 2**30, "MemAvailable"))
     assert preflight.memory_budget(preflight.Options(), jax.devices("cpu")[0]) == 5 * 2**30
     assert preflight.memory_budget(preflight.Options(memory_budget_gb=3), jax.devices("cpu")[0]) == 3e9
+
+
+@pytest.mark.parametrize("scheme, suggested", [("sinusoidal", True), ("learned", True), ("rotary", True),
+                                               ("none", True), ("alibi", False), ("relative", False)])
+def test_the_fused_kernel_is_suggested_only_where_the_model_takes_it(monkeypatch, scheme, suggested):
+    """As on a GPU where cuDNN would serve the head size: ALiBi and relative positions add to the logits,
+    which ModelConfig refuses with attention_impl='fused', so the preflight does not suggest it."""
+    monkeypatch.setattr(fused_attention, "implementation_for", lambda *args, **kwargs: "cudnn")
+    cfg = ModelConfig(vocab_size=11, d_model=48, num_heads=3, dtype="bfloat16", position_encoding=scheme)
+    line = preflight.attention_line(cfg)
+    assert line.startswith("attention: dense (model.attention_impl)")
+    assert ("attention_impl=fused would run cuDNN's flash attention here" in line) == suggested, line
+    assert preflight.accepts_fused(cfg) == suggested
+    if suggested:
+        cfg.replace(attention_impl="fused")  # what it suggests, ModelConfig takes
+    else:
+        with pytest.raises(ValueError, match="adds to the attention logits"):
+            cfg.replace(attention_impl="fused")
+    unequal = ModelConfig(vocab_size=11, d_model=48, num_heads=3, d_k=16, d_v=8, dtype="bfloat16")
+    assert "fused" not in preflight.attention_line(unequal)  # one head size for keys and values

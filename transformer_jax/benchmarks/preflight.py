@@ -37,6 +37,7 @@ from transformer_jax.benchmarks import train_step
 from transformer_jax.data.batching import bucket_batch_sizes
 from transformer_jax.evaluation import paper
 from transformer_jax.model import flops, fused_attention
+from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.loss import chunk_length
 from transformer_jax.model.special_ids import PAD_ID
 from transformer_jax.runtime import devices, errors, host_memory, timing
@@ -122,6 +123,26 @@ class _Fit:
     batch: dict  # the timed program's, on the device
 
 
+def accepts_fused(cfg: ModelConfig) -> bool:
+    """Whether ``ModelConfig`` takes ``attention_impl='fused'`` for this model (it refuses, e.g., position
+    schemes that add to the logits, and d_k != d_v)."""
+    try:
+        cfg.replace(attention_impl="fused")
+    except ValueError:
+        return False
+    return True
+
+
+def attention_line(cfg: ModelConfig) -> str:
+    """The preflight's attention line: the kernel the model runs, and the fused kernel where cuDNN would
+    serve it here and the model can take it."""
+    if cfg.attention_impl == "fused":
+        return "attention: " + fused_attention.describe(cfg.dtype, cfg.d_k)
+    could = fused_attention.implementation_for(cfg.dtype, cfg.d_k) == "cudnn" and accepts_fused(cfg)
+    return f"attention: {cfg.attention_impl} (model.attention_impl)" + (
+        "; attention_impl=fused would run cuDNN's flash attention here" if could else "")
+
+
 def _fit(run, length: int, shorter: int, options: Options, budget: float | None, device_count: int,
          say) -> _Fit:
     """The first accumulation, from the config's (or the flag's) and doubling, whose compiled step fits."""
@@ -135,8 +156,9 @@ def _fit(run, length: int, shorter: int, options: Options, budget: float | None,
             why = (f"no micro-batch fits the memory budget of {budget / GB:.2g} GB, not even one row at "
                    f"grad_accum_steps={k // 2}" if k > start else
                    f"grad_accum_steps={k} is more than the {most} rows of this device's batch")
+            fused = " or model.attention_impl=fused" if accepts_fused(cfg) else ""
             raise ConfigError(f"{why}; lower data.tokens_per_batch or grad_accum_steps, use model.dtype="
-                              "bfloat16 or model.attention_impl=fused, or raise --memory_budget_gb")
+                              f"bfloat16{fused}, or raise --memory_budget_gb")
         global_rows = bucket_batch_sizes([length], tokens, device_count * k)[0]
         micro = global_rows // device_count // k  # rows of a micro-batch on this device
         n = min(options.measure_micro_batches, k) if options.measure_micro_batches else k
@@ -189,12 +211,7 @@ def preflight(run: run_config.RunConfig, options: Options = Options(), say=print
     except ConfigError as e:
         say(f"platform: train.py would stop here: {e}")
         record["train_py_starts"] = False
-    if cfg.attention_impl == "fused":
-        say("attention: " + fused_attention.describe(cfg.dtype, cfg.d_k))
-    else:
-        could = cfg.d_k == cfg.d_v and fused_attention.implementation_for(cfg.dtype, cfg.d_k) == "cudnn"
-        say(f"attention: {cfg.attention_impl} (model.attention_impl)" + (
-            "; attention_impl=fused would run cuDNN's flash attention here" if could else ""))
+    say(attention_line(cfg))
     device, count = jax.devices()[0], jax.device_count()
     limit, _ = device_memory(device)
     budget = memory_budget(options, device)
