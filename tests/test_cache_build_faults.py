@@ -24,6 +24,19 @@ TESTS = Path(__file__).resolve().parent
 CHUNKS = 58
 
 
+@pytest.fixture(autouse=True)
+def _no_hang():
+    """A build that hangs (as one did when a worker was killed) fails its test after 5 minutes."""
+    def hung(signum, frame):
+        raise TimeoutError("the build did not end within 5 minutes")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(300)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
 def _chunk_files(folder: Path) -> list[Path]:
     return sorted((folder / "cache" / "encoded").glob("*.chunks/*.npz"))
 
