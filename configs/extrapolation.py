@@ -1,4 +1,4 @@
-"""Length extrapolation on the synthetic task: train on short pairs only, score test sentences up to 3x longer.
+"""Length extrapolation on the synthetic task: train on short pairs, score test sentences up to 3x longer.
 
 Section 3.5 of the paper chose the sinusoid because it "may allow the model to extrapolate to sequence lengths
 longer than the ones encountered during training". This config measures that for every position scheme:

@@ -5,9 +5,10 @@
         --config.model.position_encoding=rotary --workdir=runs/extrapolation_m30k/rotary-0
     python evaluate.py --workdir=runs/extrapolation_m30k/rotary-0 --by_length --length_buckets=16,24,32
 
-Training keeps the pairs of at most 16 tokens a side (``data.max_len``, about 12 words); val and test keep every
-length, so test2016's longest sentences (up to 32 words, about 40 tokens) are 2-3x beyond training. The model
-is configs/multi30k.py's with 2+2 layers, trained for a sixth of its updates, to fit the grid of schemes on a CPU.
+Training keeps the pairs of at most 16 tokens a side (``data.max_len``, about 12 words); val and test keep
+every length, so test2016's longest sentences (up to 32 words, about 40 tokens) are 2-3x beyond training.
+The model is configs/multi30k.py's with 2+2 layers, trained for a sixth of its updates, to fit the grid of
+schemes on a CPU.
 docs/positions.md has the results.
 """
 

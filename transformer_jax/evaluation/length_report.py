@@ -1,0 +1,111 @@
+"""Scores by length over many runs: each position scheme's mean and seed band per bucket, a table and a plot.
+
+    python evaluate.py --workdir=runs/extrapolation/rotary-0 --by_length   # once per run
+    python -m transformer_jax.evaluation.length_report --out=runs/extrapolation/report runs/extrapolation/*-*
+
+Each workdir's run config (read from its newest checkpoint) names its scheme; its newest
+``eval/<split>-*.json`` with a ``by_length`` entry gives its scores. Runs of one scheme are its seeds: the
+report gives per bucket their mean and their range (min-max), the training's ``data.max_len`` marked, and
+writes ``report.md`` (the table), ``report.json`` and ``report.png`` (the means, the bands shaded).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from absl import app, flags
+
+from transformer_jax.checkpoints import restore
+from transformer_jax.checkpoints.reader import CheckpointReader
+from transformer_jax.evaluation import by_length
+from transformer_jax.runtime.errors import UserError
+
+
+def read_run(workdir: str, split: str = "test") -> dict[str, Any]:
+    """{"scheme", "seed", "train_max_len", "train_seconds", "rows"} of one evaluated workdir."""
+    _, config, _ = CheckpointReader(restore.checkpoint_dir(workdir)).saved_info()
+    results = sorted(glob.glob(os.path.join(workdir, "eval", f"{split}-*.json")), key=os.path.getmtime)
+    scored = [path for path in results if "by_length" in json.load(open(path))]
+    if not scored:
+        raise UserError(f"{workdir}: no eval/{split}-*.json with scores by length; run "
+                        f"python evaluate.py --workdir={workdir} --by_length first")
+    final = os.path.join(workdir, "final.json")
+    seconds = json.load(open(final)).get("train_seconds") if os.path.exists(final) else None
+    return {"scheme": config["model"]["position_encoding"], "seed": config["seed"],
+            "train_max_len": config["data"]["max_len"], "train_seconds": seconds,
+            "rows": json.load(open(scored[-1]))["by_length"]}
+
+
+def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per scheme: the seeds, each bucket's mean, min and max score over them, and the runs' minutes."""
+    schemes: dict[str, dict[str, Any]] = {}
+    for run in sorted(runs, key=lambda r: (r["scheme"], r["seed"])):
+        entry = schemes.setdefault(run["scheme"], {"seeds": [], "scores": [], "minutes": [],
+                                                   "buckets": run["rows"]})
+        if [r["bucket"] for r in run["rows"]] != [r["bucket"] for r in entry["buckets"]]:
+            raise UserError(f"the runs of {run['scheme']!r} were scored on other length buckets; evaluate "
+                            "them all with the same --length_buckets")
+        entry["seeds"].append(run["seed"])
+        entry["scores"].append([np.nan if r["score"] is None else r["score"] for r in run["rows"]])
+        if run["train_seconds"] is not None:
+            entry["minutes"].append(run["train_seconds"] / 60)
+    for entry in schemes.values():
+        scores = np.asarray(entry.pop("scores"), float)  # [seeds, buckets]
+        for name, reduce in (("mean", np.nanmean), ("min", np.nanmin), ("max", np.nanmax)):
+            entry[name] = reduce(scores, axis=0).tolist()
+    return schemes
+
+
+def markdown_table(schemes: dict[str, dict[str, Any]]) -> str:
+    """One row per scheme: mean (min-max) per bucket, the buckets beyond training marked in the header."""
+    buckets = next(iter(schemes.values()))["buckets"]
+    header = [b["bucket"] + (" (beyond)" if b["training"] == "beyond" else "") for b in buckets]
+    lines = ["| scheme | seeds | " + " | ".join(header) + " | minutes per run |",
+             "|---|---:|" + "---:|" * len(header) + "---:|",
+             "| sentences | | " + " | ".join(str(b["sentences"]) for b in buckets) + " | |"]
+    for scheme, entry in schemes.items():
+        bands = zip(entry["mean"], entry["min"], entry["max"], strict=True)
+        cells = [f"{m:.1f} ({lo:.1f}-{hi:.1f})" for m, lo, hi in bands]
+        minutes = f"{np.mean(entry['minutes']):.1f}" if entry["minutes"] else "-"
+        lines.append(f"| {scheme} | {len(entry['seeds'])} | " + " | ".join(cells) + f" | {minutes} |")
+    return "\n".join(lines)
+
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("out", None, "folder for report.md, report.json and report.png", required=True)
+flags.DEFINE_string("split", "test", "the evaluated split")
+flags.DEFINE_string("title", "", "the plot's title")
+
+
+def main(argv: Sequence[str]) -> None:
+    workdirs = argv[1:]
+    if not workdirs:
+        raise app.UsageError("pass the evaluated workdirs")
+    try:
+        runs = [read_run(w, FLAGS.split) for w in workdirs]
+        train_max_len = runs[0]["train_max_len"]
+        schemes = summarize(runs)
+    except UserError as e:
+        raise SystemExit(f"error: {e}") from None
+    os.makedirs(FLAGS.out, exist_ok=True)
+    table = markdown_table(schemes)
+    with open(os.path.join(FLAGS.out, "report.md"), "w") as f:
+        f.write(table + "\n")
+    with open(os.path.join(FLAGS.out, "report.json"), "w") as f:
+        json.dump({"train_max_len": train_max_len, "schemes": schemes}, f, indent=1)
+    series = {s: [{**b, "score": m} for b, m in zip(e["buckets"], e["mean"], strict=True)]
+              for s, e in schemes.items()}
+    bands = {s: (e["min"], e["max"]) for s, e in schemes.items() if len(e["seeds"]) > 1}
+    measure = runs[0]["rows"][0].get("measure", "BLEU") if runs[0]["rows"] else "BLEU"
+    by_length.plot_by_length(series, os.path.join(FLAGS.out, "report.png"), measure,
+                             train_max_len=train_max_len, bands=bands, title=FLAGS.title)
+    print(table)
+
+
+if __name__ == "__main__":
+    app.run(main)
