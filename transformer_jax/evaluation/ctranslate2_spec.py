@@ -7,8 +7,14 @@ relies on, each checked by tests/test_ctranslate2.py against our own decoder:
   * its linear weights are [out, in]; self-attention has one fused Q/K/V linear, encoder-decoder
     attention a Q linear and a fused K/V linear; our head-split kernels [d_model, h, d_k] are the
     [d_model, h * d_k] matrices transposed (head-major, as CTranslate2 splits heads);
-  * its built-in sinusoid puts sin and cos in halves where ours interleaves them, so our table (or the
-    learned one) is passed as the position encodings;
+  * positions (``POSITION_EXPORTS``): its built-in sinusoid puts sin and cos in halves where ours
+    interleaves them, so our table (or the learned one) is passed as the position encodings, and ``none``
+    passes a zero table; rotary is its ``rotary_dim`` = d_k (the whole head) with ``rotary_interleave``
+    off (our "halves" pairs, i with i + d/2), base 10000, in every self-attention; relative is its
+    Shaw et al. ``relative_position`` with each self-attention's tables as ``relative_position_keys`` and
+    ``relative_position_values``, row ``clip(j - i, -k, k) + k`` as ours (CTranslate2 takes k from the
+    table's 2k + 1 rows, and scales the key term by 1/sqrt(d_k) as we do); ALiBi is refused (its encoder
+    has none);
   * LayerNorm epsilon is Flax's 1e-6 (CTranslate2's default is 1e-5);
   * the shared embedding is the source and target embedding (times sqrt(d_model)) and the output
     projection, without bias;
@@ -43,11 +49,21 @@ def import_ctranslate2():
     return ctranslate2
 
 
+# How each position scheme reaches CTranslate2: "table" (a position table added to the embeddings), "rotary"
+# (its rotary_dim), "relative" (its relative_position); a scheme missing here is refused (_REFUSED_POSITIONS
+# says why, when known).
+POSITION_EXPORTS = {"sinusoidal": "table", "learned": "table", "none": "table", "rotary": "rotary",
+                    "relative": "relative"}
+_REFUSED_POSITIONS = {"alibi": "its encoder has no ALiBi (only its decoder has)"}
+# Positions the exported sinusoid (and the zero table of ``none``) cover when max_len is shorter: the JAX
+# engine takes any length under these schemes, and CTranslate2 stops at the end of a table.
+TABLE_POSITIONS = 1024
 # The ModelConfig fields the export maps, with the values it knows; any other field must be one that does not
 # change a deterministic forward pass. A field added to the model later is refused until the export knows it.
 _MAPPED_FIELDS = {"vocab_size": None, "d_model": None, "d_ff": None, "num_heads": None, "d_k": None,
                   "d_v": None, "num_encoder_layers": None, "num_decoder_layers": None, "max_len": None,
-                  "position_encoding": ("sinusoidal", "learned"), "norm_style": ("post", "pre")}
+                  "position_encoding": tuple(POSITION_EXPORTS), "norm_style": ("post", "pre"),
+                  "max_relative_position": None}  # relative: the tables' 2k + 1 rows carry it
 _INFERENCE_NEUTRAL_FIELDS = ("dropout_rate", "attention_dropout_rate", "attention_impl",
                              "attention_block_size", "attention_init", "dtype", "attention_witness",
                              "deterministic", "decode")
@@ -55,6 +71,12 @@ _INFERENCE_NEUTRAL_FIELDS = ("dropout_rate", "attention_dropout_rate", "attentio
 
 def check_exportable(model_config) -> None:
     """Raises ConfigError, before anything is written, for a model CTranslate2 cannot express."""
+    scheme = model_config.position_encoding
+    if scheme not in POSITION_EXPORTS:
+        why = _REFUSED_POSITIONS.get(scheme, "the export does not know this scheme")
+        raise ConfigError(
+            f"position_encoding={scheme!r} cannot be exported to CTranslate2: {why}; translate with the JAX "
+            f"engine (--engine=jax), or train with one of {', '.join(POSITION_EXPORTS)}")
     for field in dataclasses.fields(model_config):
         value = getattr(model_config, field.name)
         if field.name in _INFERENCE_NEUTRAL_FIELDS:
@@ -101,6 +123,9 @@ def _set_self_attention(spec, attention: Mapping[str, Any], norm: Mapping[str, A
         [_head_matrix(attention[name], heads_first=False) for name in ("query", "key", "value")])
     spec.linear[1].weight = _head_matrix(attention["out"], heads_first=True)
     _set_norm(spec.layer_norm, norm)
+    if hasattr(spec, "relative_position_keys"):  # [2k + 1, d_k], row clip(j - i, -k, k) + k, as ours
+        spec.relative_position_keys = _array(attention["positions"]["relative_key"])
+        spec.relative_position_values = _array(attention["positions"]["relative_value"])
 
 
 def _set_cross_attention(spec, attention: Mapping[str, Any], norm: Mapping[str, Any]) -> None:
@@ -111,12 +136,40 @@ def _set_cross_attention(spec, attention: Mapping[str, Any], norm: Mapping[str, 
     _set_norm(spec.layer_norm, norm)
 
 
+def exported_positions(model_config) -> int | None:
+    """The longest sequence (source, or output with its EOS) that the export of ``model_config`` decodes:
+    the learned table's ``max_len`` rows, the sinusoid's and ``none``'s ``max(max_len, TABLE_POSITIONS)``,
+    or None (any length) for rotary and relative positions, which have no table."""
+    if POSITION_EXPORTS[model_config.position_encoding] != "table":
+        return None
+    if model_config.position_encoding == "learned":
+        return model_config.max_len
+    return max(model_config.max_len, TABLE_POSITIONS)
+
+
 def _position_table(params: Mapping[str, Any], stack: str, model_config) -> np.ndarray:
+    """float32[exported_positions, d_model] added to the embeddings: the learned table, our sinusoid, or
+    zeros."""
     if model_config.position_encoding == "learned":
         return _array(params[stack]["positions"]["position_embedding"])
+    rows = exported_positions(model_config)
+    if model_config.position_encoding == "none":  # CTranslate2 adds its own sinusoid when given no table
+        return np.zeros((rows, model_config.d_model), np.float32)
     from transformer_jax.model.positions import sinusoidal_table
 
-    return sinusoidal_table(model_config.max_len, model_config.d_model)
+    return sinusoidal_table(rows, model_config.d_model)
+
+
+def _position_options(model_config) -> dict[str, Any]:
+    """The encoder and decoder spec arguments of the model's position scheme (none for a table)."""
+    kind = POSITION_EXPORTS[model_config.position_encoding]
+    if kind == "rotary":  # the whole head, pairs (i, i + d/2): CTranslate2's non-interleaved layout
+        from transformer_jax.model.positions import ROTARY_BASE
+
+        return {"rotary_dim": model_config.d_k, "rotary_interleave": False, "rotary_base": ROTARY_BASE}
+    if kind == "relative":
+        return {"relative_position": True}
+    return {}
 
 
 def model_spec(params: Mapping[str, Any], model_config, pieces: Sequence[str]):
@@ -135,16 +188,18 @@ def model_spec(params: Mapping[str, Any], model_config, pieces: Sequence[str]):
     pre_norm = cfg.norm_style == "pre"
     default_head_dim = cfg.d_model // cfg.num_heads
     head_dim = None if cfg.d_k == default_head_dim and cfg.d_model % cfg.num_heads == 0 else cfg.d_k
+    positions = _position_options(cfg)
     encoder = transformer_spec.TransformerEncoderSpec(cfg.num_encoder_layers, cfg.num_heads,
-                                                      pre_norm=pre_norm, head_dim=head_dim)
+                                                      pre_norm=pre_norm, head_dim=head_dim, **positions)
     decoder = transformer_spec.TransformerDecoderSpec(cfg.num_decoder_layers, cfg.num_heads,
-                                                      pre_norm=pre_norm, head_dim=head_dim)
+                                                      pre_norm=pre_norm, head_dim=head_dim, **positions)
     embedding = params["shared_embedding"]["embedding"]  # [vocab, d_model]
     encoder.embeddings[0].weight = _array(embedding)
     decoder.embeddings.weight = _array(embedding)
     decoder.projection.weight = _array(embedding)  # logits x E^T: [out=vocab, in=d_model]
-    encoder.position_encodings.encodings = _position_table(params, "encoder", cfg)
-    decoder.position_encodings.encodings = _position_table(params, "decoder", cfg)
+    if POSITION_EXPORTS[cfg.position_encoding] == "table":
+        encoder.position_encodings.encodings = _position_table(params, "encoder", cfg)
+        decoder.position_encodings.encodings = _position_table(params, "decoder", cfg)
     for i, layer in enumerate(encoder.layer):
         ours = params["encoder"][f"layer_{i}"]
         _set_self_attention(layer.self_attention, ours["self_attention"], ours["attention_block"]["norm"])
