@@ -279,9 +279,10 @@ def build_encoded(folder: Path, chunks_dir: Path, corpus: TextCorpus | TfdsCorpu
         if path not in paths and path.suffix != ".pickle":
             path.unlink()
     todo = [i for i, path in enumerate(paths) if read_chunk(path) is None]
+    labels = _labels(corpus, chunks)
     workers = f"{corpus.processes} worker processes" if corpus.processes else "this process"
-    kept = f"; {len(chunks) - len(todo)} of {len(chunks)} chunks were encoded before" if todo != [
-        *range(len(chunks))] else ""
+    before = len(chunks) - len(todo)
+    kept = f"; {before} of {len(chunks)} chunks were encoded before" if before else ""
     announce(corpus, f"Encoding the train split of {corpus.describe()} into the data cache ({workers}{kept})")
     hint = (f"give the run more memory and start it again: it goes on from the chunks finished, kept in "
             f"{chunks_dir}")
@@ -290,7 +291,7 @@ def build_encoded(folder: Path, chunks_dir: Path, corpus: TextCorpus | TfdsCorpu
               progress(corpus, corpus.num_rows, "encoding",
                        initial=corpus.num_rows - sum(chunks[i][1] - chunks[i][0] for i in todo)) as bar):
             tasks = [(*chunks[i], paths[i]) for i in todo]
-            for _, rows in pool.run(_encode_rows, tasks, [_labels(corpus, chunks)[i] for i in todo]):
+            for _, rows in pool.run(_encode_rows, tasks, [labels[i] for i in todo]):
                 bar.update(rows)
     except cache_build.BuildStopped as e:
         done = sum(path.is_file() for path in paths)
