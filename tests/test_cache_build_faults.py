@@ -185,10 +185,10 @@ def test_a_stop_signal_while_waiting_for_another_process_s_build_ends_the_wait_c
             while "Waiting for another process that is building" not in (tmp_path / "waiter.err").read_text():
                 assert waiter.poll() is None, (tmp_path / "waiter.err").read_text()
                 time.sleep(0.1)
-            os.killpg(waiter.pid, signal.SIGTERM)
+            os.killpg(waiter.pid, signal.SIGINT)  # Ctrl-C
             out, _ = waiter.communicate(timeout=60)
         assert waiter.returncode == 0 and "Traceback" not in (tmp_path / "waiter.err").read_text()
-        assert ("Stopped by SIGTERM while waiting for another process that builds the encoded train split. "
+        assert ("Stopped by SIGINT while waiting for another process that builds the encoded train split. "
                 "Run the same command again to go on.") in out
         assert builder.poll() is None  # the build goes on
     finally:
