@@ -52,6 +52,12 @@ def test_plan_leaves_out_what_the_node_has_by_normalized_name():
     assert plan.skipped == {"jax": "0.11.0", "flax": "0.13.1", "orbax-checkpoint": "0.13.0"}
 
 
+def test_requires_python_is_checked_against_the_node_python():
+    assert wheelhouse.takes_python(">=3.12", "3.12") and wheelhouse.takes_python(None, "3.12")
+    assert not wheelhouse.takes_python(">=3.13", "3.12")
+    assert not wheelhouse.takes_python(">=3.8,<3.12", "3.12")
+
+
 def test_platform_tags_cover_the_older_manylinux_and_refuse_nonsense():
     tags = wheelhouse.platform_tags("2.28", "x86_64")
     assert tags[0] == "manylinux_2_28_x86_64" and "manylinux_2_17_x86_64" in tags
@@ -63,8 +69,9 @@ def test_platform_tags_cover_the_older_manylinux_and_refuse_nonsense():
         wheelhouse.check_python_version("3.10")
 
 
-def _fake_pip(calls: list, report: dict, missing_first: str | None = None):
-    """A stand-in for ``wheelhouse._pip`` that records its calls and writes pip's dry-run report."""
+def _fake_pip(calls: list, report: dict, missing_first: str | None = None, too_new: tuple | None = None):
+    """A stand-in for ``wheelhouse._pip`` that records its calls and writes pip's dry-run report;
+    ``too_new`` = (name, version): a release needing Python 3.13, resolved until it is excluded."""
 
     def pip(args, what):
         calls.append(args)
@@ -73,8 +80,11 @@ def _fake_pip(calls: list, report: dict, missing_first: str | None = None):
             if missing_first and f"{missing_first}==" in constraints:
                 raise wheelhouse.PipError("no", f"ERROR: No matching distribution found for {missing_first}"
                                                 "==0.11.0")
+            rows = [{"metadata": {"name": n, "version": v}} for n, v in report.items()]
+            if too_new and f"{wheelhouse.canonical(too_new[0])}!={too_new[1]}" not in constraints:
+                rows = [{"metadata": {"name": too_new[0], "version": too_new[1], "requires_python": ">=3.13"}}
+                        if r["metadata"]["name"] == too_new[0] else r for r in rows]
             with open(args[args.index("--report") + 1], "w") as f:
-                rows = [{"metadata": {"name": n, "version": v}} for n, v in report.items()]
                 json.dump({"install": rows}, f)
         elif args[0] == "wheel":
             name = "transformer_jax-0.1.0" if args[-1] == ROOT else f"{args[-1]}-1.0"
@@ -92,12 +102,16 @@ def test_build_downloads_only_what_the_node_lacks_and_always_the_project(tmp_pat
     report = {"transformer_jax": "0.1.0", "jax": "0.11.0", "jaxlib": "0.11.0", "ml_collections": "1.1.0",
               "promise": "2.3"}
     calls = []
-    monkeypatch.setattr(wheelhouse, "_pip", _fake_pip(calls, report, missing_first="jaxlib"))
+    monkeypatch.setattr(wheelhouse, "_pip", _fake_pip(calls, report, missing_first="jaxlib",
+                                                      too_new=("ml_collections", "9.0")))
     have = wheelhouse.parse_freeze("jax==0.11.0\njaxlib==0.11.0+site\ntransformer_jax==0.0.9\n")
     lines = []
     plan = wheelhouse.build(python_version="3.12", out=str(tmp_path / "wh"), have=have, say=lines.append)
     assert plan.download == {"ml-collections": "1.1.0", "promise": "2.3", "transformer-jax": "0.1.0"}
     assert plan.unpinned == ("jaxlib",)  # a site build: pip could not find it, so it pins nothing
+    resolutions = [c for c in calls if c[0] == "install"]
+    assert all("--ignore-requires-python" in c for c in resolutions)  # pip would check its own Python
+    assert len(resolutions) == 3  # jaxlib unpinned, then ml_collections 9.0 (Python >= 3.13) excluded
     download = next(c for c in calls if c[0] == "download")
     assert download[-2:] == ["ml-collections==1.1.0", "promise==2.3"]
     assert "--python-version=3.12" in download and "--platform=manylinux_2_28_x86_64" in download

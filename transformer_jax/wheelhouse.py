@@ -153,19 +153,27 @@ def build_project_wheel(project: str, out: str) -> str:
 
 
 def resolve(requirement: str, target: list[str], have: dict[str, NodePackage], find_links: str,
-            work: str) -> tuple[dict[str, str], list[str]]:
+            work: str, python_version: str) -> tuple[dict[str, str], list[str]]:
     """({canonical name: version} pip resolves for ``requirement`` on the node, the node's packages left
-    unpinned because PyPI has not their version). ``target``: the ``--python-version``/``--platform`` args."""
+    unpinned because PyPI has not their version). ``target``: the ``--python-version``/``--platform`` args.
+
+    ``pip install`` checks a package's Requires-Python against the Python running pip, not the node's
+    (``--python-version`` serves the wheel tags only), so that check is off here and done on the report:
+    a release that does not take ``python_version`` is excluded and the resolution run again.
+    """
     unpinned: list[str] = []
-    for _ in range(len(have) + 1):
+    excluded: list[str] = []  # name!=version: releases whose Requires-Python excludes the node's Python
+    for _ in range(len(have) + 20):
         constraints = os.path.join(work, "node-constraints.txt")
         with open(constraints, "w") as f:
             f.writelines(f"{c}\n" for p in have.values() if p.name not in unpinned and (c := p.constraint()))
+            f.writelines(f"{c}\n" for c in excluded)
         report = os.path.join(work, "report.json")
         try:
-            _pip(["install", "--dry-run", "--ignore-installed", "--quiet", "--report", report,
-                  "--only-binary=:all:", *target, "--target", os.path.join(work, "target"),
-                  "--find-links", find_links, "-c", constraints, requirement],
+            _pip(["install", "--dry-run", "--ignore-installed", "--ignore-requires-python", "--quiet",
+                  "--report", report, "--only-binary=:all:", *target,
+                  "--target", os.path.join(work, "target"), "--find-links", find_links, "-c", constraints,
+                  requirement],
                  "resolving the dependencies for the node")
         except PipError as e:
             missing = [canonical(n) for n in _NOT_FOUND.findall(e.output)]
@@ -176,8 +184,28 @@ def resolve(requirement: str, target: list[str], have: dict[str, NodePackage], f
             continue
         with open(report) as f:
             installs = json.load(f)["install"]
+        wrong = [f"{canonical(i['metadata']['name'])}!={i['metadata']['version']}" for i in installs
+                 if not takes_python(i["metadata"].get("requires_python"), python_version)]
+        if wrong:
+            excluded += wrong
+            continue
         return {canonical(i["metadata"]["name"]): i["metadata"]["version"] for i in installs}, unpinned
-    raise UserError("resolving the dependencies for the node did not settle")  # pragma: no cover
+    raise UserError(f"resolving the dependencies for Python {python_version} did not settle; releases "
+                    f"excluded for their Requires-Python: {', '.join(excluded)}")
+
+
+def takes_python(requires_python: str | None, python_version: str) -> bool:
+    """Whether a release's Requires-Python (e.g. ">=3.12") admits the node's Python ("3.12")."""
+    if not requires_python:
+        return True
+    try:
+        from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    except ImportError:  # pip's own copy
+        from pip._vendor.packaging.specifiers import InvalidSpecifier, SpecifierSet
+    try:
+        return SpecifierSet(requires_python).contains(python_version, prereleases=True)
+    except InvalidSpecifier:
+        return True  # pip ignores a malformed one too
 
 
 def folder_size(path: str) -> tuple[int, list[tuple[int, str]]]:
@@ -206,7 +234,7 @@ def build(*, python_version: str, out: str, have: dict[str, NodePackage], glibc:
         requirement = wheel if not extras else f"transformer_jax[{','.join(extras)}] @ file://{wheel}"
         say(f"resolving for Python {python_version} on manylinux (glibc {glibc}, {arch}), "
             f"{len(have)} packages on the node pinned")
-        resolved, unpinned = resolve(requirement, target, have, local, work)
+        resolved, unpinned = resolve(requirement, target, have, local, work, python_version)
         result = plan(resolved, have, unpinned)
         for name in result.unpinned:
             say(f"  {name}: the node's {have[name].version} is not on the index; the node keeps its own "
