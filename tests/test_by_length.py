@@ -148,3 +148,40 @@ def test_a_parsing_run_is_scored_by_bracket_f1_per_bucket():
     wrong = outputs[1:] + outputs[:1]  # each sentence given another's tree: repaired, then scored lower
     assert scorer(wrong, gold) < scorer(outputs, gold) == 100.0
     assert evalb.right_branching_baseline(gold)["f1"] < 100
+
+
+@pytest.mark.parametrize("scheme", ["sinusoidal", "rotary", "alibi", "relative", "none"])
+def test_a_scheme_without_a_table_decodes_past_model_max_len(scheme):
+    """Sources of up to 19 tokens and outputs of up to 19 + 5 through a model whose max_len is 8: the same
+    tokens as with a max_len that holds them all (the schemes read no table of max_len rows)."""
+    from tiny import random_params
+
+    from transformer_jax.model.config import ModelConfig
+
+    def config(max_len):
+        return ModelConfig(vocab_size=23, d_model=12, d_ff=14, num_heads=3, d_k=4, d_v=4,
+                           num_encoder_layers=1, num_decoder_layers=2, dropout_rate=0.0, max_len=max_len,
+                           position_encoding=scheme, max_relative_position=3)
+
+    params = random_params(config(64), seed=7)
+    rng = np.random.default_rng(3)
+    ids = [np.append(rng.integers(4, 23, n), EOS_ID).astype(np.int32) for n in (18, 3)]
+    settings = translation.Settings(beam_size=2, alpha=0.6, max_extra_len=5)
+    short = translation.decode_ids(params, config(8), ids, settings)
+    wide = translation.decode_ids(params, config(64), ids, settings)
+    for a, b, source in zip(short, wide, ids, strict=True):
+        assert a.shape == (len(source) + 5,)
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_learned_table_refuses_decoding_past_its_rows():
+    from tiny import random_params
+
+    from transformer_jax.model.config import ModelConfig
+
+    cfg = ModelConfig(vocab_size=23, d_model=12, d_ff=14, num_heads=3, num_encoder_layers=1,
+                      num_decoder_layers=1, dropout_rate=0.0, max_len=8, position_encoding="learned")
+    source = np.append(np.full(5, 7), EOS_ID).astype(np.int32)  # 6 tokens + 5 outputs > 8 rows
+    with pytest.raises(ValueError, match=r"longer than the learned positions' model max_len=8 - "
+                       r"max_extra_len=5"):
+        translation.decode_ids(random_params(cfg, seed=1), cfg, [source], translation.Settings(1, 0.6, 5))
