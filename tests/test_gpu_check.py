@@ -118,3 +118,32 @@ def test_only_and_version_strings():
     assert gpu_check._cuda_version_string(12080, cudnn=False) == "12.8"
     assert gpu_check._cuda_version_string(90800, cudnn=True) == "9.8.0"
     assert gpu_check._cuda_version_string(8907, cudnn=True) == "8.9.7"
+
+
+def test_training_is_stopped_by_sigterm_only_after_it_started(monkeypatch):
+    import signal
+    import threading
+
+    received, started = [], threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(time.monotonic()))
+    try:
+        with gpu_check._stop_after(0.3, started.is_set):
+            time.sleep(2.5)  # not started: no signal however long it takes
+            assert not received
+            began = time.monotonic()
+            started.set()
+            while not received and time.monotonic() - began < 30:
+                time.sleep(0.05)
+        assert received and received[0] - began >= 0.3
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_crashed_step_is_named_by_its_first_error_line(tmp_path):
+    log = tmp_path / "3-fused_attention.log"
+    log.write_text("compiling\nLLVM ERROR: Cannot select: v8bf16 = X86ISD::VBROADCAST\n"
+                   "Fatal Python error: Aborted\n\nThread 0x7f (most recent call first):\n"
+                   "Extension modules: jaxlib.cpu_feature_guard, numpy\n")
+    assert gpu_check._last_line(str(log)) == "LLVM ERROR: Cannot select: v8bf16 = X86ISD::VBROADCAST"
+    log.write_text("step 1\nstep 2\n")
+    assert gpu_check._last_line(str(log)) == "step 2"
