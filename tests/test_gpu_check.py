@@ -147,3 +147,32 @@ def test_a_crashed_step_is_named_by_its_first_error_line(tmp_path):
     assert gpu_check._last_line(str(log)) == "LLVM ERROR: Cannot select: v8bf16 = X86ISD::VBROADCAST"
     log.write_text("step 1\nstep 2\n")
     assert gpu_check._last_line(str(log)) == "step 2"
+
+
+@pytest.mark.slow
+def test_the_full_training_step_on_text_files_stops_on_time_and_scores_the_test_set(monkeypatch, tmp_path):
+    """Step 5 as a GPU runs it (configs/multi30k.py on its text files, stopped by the timer, the test set
+    scored greedily and with the beam), with a tiny model and made-up files so that it runs here."""
+    rng = __import__("random").Random(0)
+    words = [f"w{i}" for i in range(30)]
+    data = tmp_path / "multi30k"
+    data.mkdir()
+    for split, size in (("train", 300), ("val", 12), ("test", 12)):
+        sources = [" ".join(rng.choices(words, k=rng.randint(3, 8))) for _ in range(size)]
+        (data / f"{split}.en").write_text("".join(s + "\n" for s in sources))
+        (data / f"{split}.de").write_text("".join(" ".join(reversed(s.split())) + "\n" for s in sources))
+    tiny = ["--config.data.vocab_size=36", "--config.data.length_buckets=(16,32)", "--config.data.max_len=32",
+            "--config.data.tokens_per_batch=256", "--config.model.d_model=16", "--config.model.d_ff=32",
+            "--config.model.num_heads=2", "--config.model.num_encoder_layers=1",
+            "--config.model.num_decoder_layers=1", "--config.train.num_steps=100000",
+            "--config.train.warmup_steps=10", "--config.log_every_steps=5", "--config.final_beam_size=2",
+            "--config.peak_tflops_per_device=1.0"]
+    monkeypatch.setattr(gpu_check, "BASE_ON_MULTI30K", tiny)
+    options = gpu_check.Options(out=str(tmp_path / "check"), multi30k_dir=str(data), train_minutes=0.1)
+    gpu = {"devices": gpu_check.Row(1, "devices", "pass", "", details={"backend": "gpu"})}
+    row = gpu_check.run_step("train", options, gpu)
+    assert row.status == "pass", row.summary
+    assert row.details["steps"] > 5  # stopped by the timer, not by train.num_steps
+    assert {"greedy", "beam"} == set(row.details["test"])
+    assert row.details["test"]["beam"]["beam_size"] == 2
+    assert os.path.isdir(tmp_path / "check" / "data_cache")  # the data cache stays under --out
