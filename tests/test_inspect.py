@@ -275,3 +275,25 @@ def test_a_long_sentence_decodes_within_the_model_limit(trained_run):
         reference = reference[:list(reference).index(EOS_ID) + 1]
     np.testing.assert_array_equal(output[0], reference)
     assert 1 <= output.shape[1] <= max_len
+
+
+def test_a_model_with_relative_positions_is_inspected_with_its_own_terms(tmp_path):
+    """An untrained workdir of relative positions (a logit term, an output term, tables per layer): the
+    scaling experiment's recomputed maps are the model's own (the relative key term added), and the
+    positions section analyses its tables."""
+    from tiny import TRAIN, config_with, untrained_workdir
+
+    config = config_with({**TRAIN, "model.position_encoding": "relative", "model.max_relative_position": 3})
+    workdir = str(tmp_path / "run")
+    untrained_workdir(config, workdir)
+    options = run_all.InspectOptions(num_dev=5, d_ks=(4, 64), max_extra_len=3, ablation=False,
+                                     benchmark=False, alignment=False)
+    results = run_all.run(workdir, SENTENCE, str(tmp_path / "out"), options=options)
+    assert max(r["sown_vs_recomputed"] for r in results["scaling_model"]) < 1e-4
+    layers = results["positions"]["layers"]
+    assert [(la["stack"], la["layer"]) for la in layers] == [
+        ("encoder", i) for i in range(ENC_LAYERS)] + [("decoder", i) for i in range(DEC_LAYERS)]
+    summary = results["summary"]
+    assert "distances -3..3" in summary and "adds the relative key term" in summary
+    assert results["files"]["positions_csv"] == "positions_relative.csv"
+    assert "positions.png" in (tmp_path / "out" / "index.html").read_text()
