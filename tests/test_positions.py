@@ -121,3 +121,18 @@ def test_the_learned_table_refuses_a_longer_input_in_one_line():
         Transformer(cfg).apply({"params": params}, inputs, inputs)
     with pytest.raises(ValueError, match=r"output length 8 must be in \[1, the learned position table"):
         decode.greedy_search(params, cfg, inputs[:, :5], max_extra_len=3)
+
+
+@pytest.mark.parametrize("attention_impl", ["blockwise", "fused"])
+def test_rotary_through_the_blockwise_and_fused_kernels_equals_dense(attention_impl):
+    cfg = _config("rotary").replace(d_v=4)  # the fused kernel has one head size
+    params = random_params(cfg, 5)
+    inputs = _sources(3)
+    dense = Transformer(cfg).apply({"params": params}, inputs, inputs)
+    other_cfg = cfg.replace(attention_impl=attention_impl, attention_block_size=3)
+    other = Transformer(other_cfg).apply({"params": params}, inputs, inputs)
+    np.testing.assert_allclose(other, dense, atol=1e-5, rtol=1e-5)
+    cached = decode.beam_search(params, other_cfg, inputs, beam_size=BEAMS, max_extra_len=3)
+    reference = decode.beam_search(params, cfg, inputs, beam_size=BEAMS, max_extra_len=3)
+    np.testing.assert_array_equal(cached[0], reference[0])
+    np.testing.assert_allclose(cached[1], reference[1], atol=1e-5)
