@@ -2,7 +2,8 @@
 
 CTranslate2 (https://github.com/OpenNMT/CTranslate2) is a C++ inference engine for encoder-decoder
 Transformers. :func:`model_spec` writes our parameters into its ``TransformerSpec``; the layout facts it
-relies on, each checked by tests/test_ctranslate2.py against our own decoder:
+relies on, each checked by tests/test_ctranslate2.py (positions: tests/test_ctranslate2_positions.py) against
+our own decoder:
 
   * its linear weights are [out, in]; self-attention has one fused Q/K/V linear, encoder-decoder
     attention a Q linear and a fused K/V linear; our head-split kernels [d_model, h, d_k] are the
@@ -13,8 +14,11 @@ relies on, each checked by tests/test_ctranslate2.py against our own decoder:
     off (our "halves" pairs, i with i + d/2), base 10000, in every self-attention; relative is its
     Shaw et al. ``relative_position`` with each self-attention's tables as ``relative_position_keys`` and
     ``relative_position_values``, row ``clip(j - i, -k, k) + k`` as ours (CTranslate2 takes k from the
-    table's 2k + 1 rows, and scales the key term by 1/sqrt(d_k) as we do); ALiBi is refused (its encoder
-    has none);
+    table's 2k + 1 rows, and scales the key term by 1/sqrt(d_k) as we do); ALiBi is its decoder's
+    ``alibi`` (the same slopes; its bias ``m_h (j - last)`` differs from our ``-m_h (i - j)`` by a constant
+    per query row, which the softmax ignores) and, in its encoder, which has no ALiBi, T5's bucketed
+    ``relative_attention_bias`` holding ``-m_h |j - i|`` (:func:`_alibi_buckets`: exact for distances
+    below ``exported_positions``);
   * LayerNorm epsilon is Flax's 1e-6 (CTranslate2's default is 1e-5);
   * the shared embedding is the source and target embedding (times sqrt(d_model)) and the output
     projection, without bias;
@@ -50,13 +54,14 @@ def import_ctranslate2():
 
 
 # How each position scheme reaches CTranslate2: "table" (a position table added to the embeddings), "rotary"
-# (its rotary_dim), "relative" (its relative_position); a scheme missing here is refused (_REFUSED_POSITIONS
-# says why, when known).
+# (its rotary_dim), "relative" (its relative_position), "alibi" (the decoder's alibi, T5 buckets in the
+# encoder); a scheme missing here is refused (_REFUSED_POSITIONS says why, when known).
 POSITION_EXPORTS = {"sinusoidal": "table", "learned": "table", "none": "table", "rotary": "rotary",
-                    "relative": "relative"}
-_REFUSED_POSITIONS = {"alibi": "its encoder has no ALiBi (only its decoder has)"}
-# Positions the exported sinusoid (and the zero table of ``none``) cover when max_len is shorter: the JAX
-# engine takes any length under these schemes, and CTranslate2 stops at the end of a table.
+                    "relative": "relative", "alibi": "alibi"}
+_REFUSED_POSITIONS: dict[str, str] = {}
+# Positions the exported sinusoid (and the zero table of ``none``, and ALiBi's encoder buckets) cover when
+# max_len is shorter: the JAX engine takes any length under these schemes, and CTranslate2 stops at the end
+# of a table.
 TABLE_POSITIONS = 1024
 # The ModelConfig fields the export maps, with the values it knows; any other field must be one that does not
 # change a deterministic forward pass. A field added to the model later is refused until the export knows it.
@@ -138,9 +143,11 @@ def _set_cross_attention(spec, attention: Mapping[str, Any], norm: Mapping[str, 
 
 def exported_positions(model_config) -> int | None:
     """The longest sequence (source, or output with its EOS) that the export of ``model_config`` decodes:
-    the learned table's ``max_len`` rows, the sinusoid's and ``none``'s ``max(max_len, TABLE_POSITIONS)``,
-    or None (any length) for rotary and relative positions, which have no table."""
-    if POSITION_EXPORTS[model_config.position_encoding] != "table":
+    the learned table's ``max_len`` rows; ``max(max_len, TABLE_POSITIONS)`` for the sinusoid's and
+    ``none``'s tables and for ALiBi's encoder buckets (past them CTranslate2 stops at the end of a table,
+    but takes a longer source under ALiBi with a wrong, log-bucketed bias: callers must check); or None
+    (any length) for rotary and relative positions, which have no table."""
+    if POSITION_EXPORTS[model_config.position_encoding] not in ("table", "alibi"):
         return None
     if model_config.position_encoding == "learned":
         return model_config.max_len
@@ -160,16 +167,35 @@ def _position_table(params: Mapping[str, Any], stack: str, model_config) -> np.n
     return sinusoidal_table(rows, model_config.d_model)
 
 
-def _position_options(model_config) -> dict[str, Any]:
-    """The encoder and decoder spec arguments of the model's position scheme (none for a table)."""
+def _alibi_buckets(model_config) -> np.ndarray:
+    """float32[4n, num_heads]: ALiBi's encoder bias ``-m_h |j - i|`` as T5's bidirectional buckets, with n =
+    ``exported_positions``.
+
+    CTranslate2 (as T5) halves 4n buckets by direction, 2n each: distance ``d = j - i`` goes to row ``|d|``
+    when ``d <= 0``, ``2n + d`` when ``d > 0``, exactly while ``|d| < n`` (half of each direction's rows;
+    longer distances share log-spaced rows, which hold the bias of distance n here).
+    """
+    from transformer_jax.model.positions import alibi_slopes
+
+    n = exported_positions(model_config)
+    distance = np.minimum(np.arange(2 * n), n)  # [2n]: exact below n
+    bias = (-alibi_slopes(model_config.num_heads)[None, :] * distance[:, None]).astype(np.float32)  # [2n, H]
+    return np.concatenate([bias, bias])  # d <= 0, then d > 0 (row 2n holds d = 0, never read)
+
+
+def _position_options(model_config) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The encoder's and the decoder's spec arguments for the model's position scheme (none for a table)."""
     kind = POSITION_EXPORTS[model_config.position_encoding]
     if kind == "rotary":  # the whole head, pairs (i, i + d/2): CTranslate2's non-interleaved layout
         from transformer_jax.model.positions import ROTARY_BASE
 
-        return {"rotary_dim": model_config.d_k, "rotary_interleave": False, "rotary_base": ROTARY_BASE}
+        rotary = {"rotary_dim": model_config.d_k, "rotary_interleave": False, "rotary_base": ROTARY_BASE}
+        return rotary, rotary
     if kind == "relative":
-        return {"relative_position": True}
-    return {}
+        return {"relative_position": True}, {"relative_position": True}
+    if kind == "alibi":  # not scaled by 1/sqrt(d_k), as ours; slopes 2^(-8h/H) (and the paper's rule)
+        return {"relative_attention_bias": True}, {"alibi": True, "scale_alibi": False}
+    return {}, {}
 
 
 def model_spec(params: Mapping[str, Any], model_config, pieces: Sequence[str]):
@@ -188,11 +214,11 @@ def model_spec(params: Mapping[str, Any], model_config, pieces: Sequence[str]):
     pre_norm = cfg.norm_style == "pre"
     default_head_dim = cfg.d_model // cfg.num_heads
     head_dim = None if cfg.d_k == default_head_dim and cfg.d_model % cfg.num_heads == 0 else cfg.d_k
-    positions = _position_options(cfg)
+    to_encoder, to_decoder = _position_options(cfg)
     encoder = transformer_spec.TransformerEncoderSpec(cfg.num_encoder_layers, cfg.num_heads,
-                                                      pre_norm=pre_norm, head_dim=head_dim, **positions)
+                                                      pre_norm=pre_norm, head_dim=head_dim, **to_encoder)
     decoder = transformer_spec.TransformerDecoderSpec(cfg.num_decoder_layers, cfg.num_heads,
-                                                      pre_norm=pre_norm, head_dim=head_dim, **positions)
+                                                      pre_norm=pre_norm, head_dim=head_dim, **to_decoder)
     embedding = params["shared_embedding"]["embedding"]  # [vocab, d_model]
     encoder.embeddings[0].weight = _array(embedding)
     decoder.embeddings.weight = _array(embedding)
@@ -203,6 +229,10 @@ def model_spec(params: Mapping[str, Any], model_config, pieces: Sequence[str]):
     for i, layer in enumerate(encoder.layer):
         ours = params["encoder"][f"layer_{i}"]
         _set_self_attention(layer.self_attention, ours["self_attention"], ours["attention_block"]["norm"])
+        if POSITION_EXPORTS[cfg.position_encoding] == "alibi":
+            layer.self_attention.relative_attention_bias = _alibi_buckets(cfg)
+            # Only log-spaced rows (distances of n and more) depend on it; any value above n does.
+            layer.self_attention.relative_attention_max_distance = np.int32(4 * exported_positions(cfg))
         _set_dense(layer.ffn.linear_0, ours["ffn"]["wi"])
         _set_dense(layer.ffn.linear_1, ours["ffn"]["wo"])
         _set_norm(layer.ffn.layer_norm, ours["ffn_block"]["norm"])
