@@ -24,7 +24,7 @@ from transformer_jax.evaluation import ctranslate2_engine, ctranslate2_spec, tra
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.model.config import POSITION_ENCODINGS
 from transformer_jax.model.special_ids import EOS_ID, PAD_ID
-from transformer_jax.runtime.errors import ConfigError
+from transformer_jax.runtime.errors import ConfigError, DataError
 
 # Each exported scheme once. Rotary's d_k = d_v = 6 differs from d_model / h = 8 (CTranslate2's head_dim and
 # rotary_dim both set); relative has 2 + 2 layers (one table per layer: a mix-up of layers changes the
@@ -208,17 +208,28 @@ def test_schemes_without_a_learned_table_decode_past_max_len(scheme, pieces, tmp
 
 def test_alibi_encoder_buckets_are_exact_up_to_exported_positions_only(pieces, tmp_path, monkeypatch):
     """With TABLE_POSITIONS 10 (and max_len 8): sources of 10 tokens, whose distances reach 9, score as ours;
-    sources of 16 reach the log-spaced buckets and do not, so callers must keep sources within
-    ``exported_positions``."""
+    sources of 16 reach the log-spaced buckets and do not, so the engine refuses to decode them."""
     monkeypatch.setattr(ctranslate2_spec, "TABLE_POSITIONS", 10)
     cfg = _model_config(len(pieces), **{**SCHEMES["alibi"], "num_encoder_layers": 1, "num_decoder_layers": 1,
                                         "max_len": 8})
-    assert ctranslate2_spec.exported_positions(cfg) == 10
     params = _random_params(cfg)
+    out_dir = str(tmp_path / "model")
+    ctranslate2_engine.write_model(params, cfg, out_dir, pieces=pieces, quantization="float32", record={})
+    engine = ctranslate2_engine.Engine(out_dir, threads=1)
+    assert engine.positions == ctranslate2_spec.exported_positions(cfg) == 10
+    settings = translation.Settings(beam_size=1, max_extra_len=MAX_EXTRA_LEN)
     for length, exact in ((10, True), (16, False)):
-        _, _, largest = _export_and_decode(params, cfg, pieces, str(tmp_path / str(length)),
-                                           _sources(len(pieces), (length, length)))
+        ids = _sources(len(pieces), (length, length))
+        largest = _largest_score_difference(params, cfg, engine, ids, translation.decode_ids(
+            params, cfg, ids, settings))
         assert (largest <= SCORE_TOLERANCE) == exact, (length, largest)
+    with pytest.raises(DataError) as refused:
+        engine.decode_ids(_sources(len(pieces), (4, 8)), settings)  # 8 + 3 > 10
+    assert str(refused.value) == (
+        "a source of 8 tokens (EOS included) and max_extra_len=3 need more than the 10 positions this export "
+        "of position_encoding='alibi' holds; decode it with the JAX engine (--engine=jax), or pass a smaller "
+        "--max_extra_len")
+    engine.decode_ids(_sources(len(pieces), (4, 7)), settings)  # 7 + 3 = 10: decoded
 
 
 def test_max_relative_position_is_a_field_the_export_knows(pieces):

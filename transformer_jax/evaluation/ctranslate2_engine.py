@@ -30,13 +30,14 @@ import numpy as np
 
 from transformer_jax.evaluation.ctranslate2_spec import (
     check_exportable,
+    exported_positions,
     import_ctranslate2,
     model_spec,
     to_bfloat16,
 )
 from transformer_jax.model.special_ids import EOS_ID, PAD_ID
 from transformer_jax.runtime import disk, errors, output_file
-from transformer_jax.runtime.errors import ConfigError, DiskFullError, MissingFileError, UserError
+from transformer_jax.runtime.errors import ConfigError, DataError, DiskFullError, MissingFileError, UserError
 
 # What ``--quantization`` takes: CTranslate2's weight types. bfloat16 runs on GPUs and on CPUs with
 # AVX512-BF16 builds; elsewhere CTranslate2 computes in the closest type it supports.
@@ -86,8 +87,9 @@ def write_model(params: Mapping[str, Any], model_config, out_dir: str, *, pieces
     killed exporter left is cleaned up first (:func:`recover_leftovers`). A full disk raises DiskFullError
     naming ``out_dir``'s filesystem. ``pieces`` is the vocabulary (one string a token id);
     ``tokenizer_path``, when given, is copied in as ``TOKENIZER_FILE``. ``record`` is what was exported
-    (step, averaging, config hash, decoding defaults); the model's fields, the weight type and the SHA-256
-    of each of CTranslate2's files (``files_sha256``: model.bin, its config and vocabulary) are added.
+    (step, averaging, config hash, decoding defaults); the model's fields, the weight type, the SHA-256
+    of each of CTranslate2's files (``files_sha256``: model.bin, its config and vocabulary) and the
+    positions the export decodes (``positions``: ``exported_positions``, None for any length) are added.
     """
     if quantization not in QUANTIZATIONS:
         raise ConfigError(f"--quantization={quantization}: expected one of {', '.join(QUANTIZATIONS)}")
@@ -118,7 +120,8 @@ def write_model(params: Mapping[str, Any], model_config, out_dir: str, *, pieces
         model = {f.name: getattr(model_config, f.name) for f in dataclasses.fields(model_config)}
         with open(os.path.join(staging, RECORD_FILE), "w") as f:
             json.dump({"format": "ctranslate2", "quantization": quantization, **record,
-                       "files_sha256": files, "model": model}, f, indent=1)
+                       "files_sha256": files, "positions": exported_positions(model_config), "model": model},
+                      f, indent=1)
         if os.path.exists(out_dir):
             _mark(out_dir)  # it is about to be moved aside as this process's .old
             os.rename(out_dir, previous)
@@ -343,6 +346,9 @@ class Engine:
         check_model_files(model_dir, record, workdir)
         self.ids = {piece: i for i, piece in enumerate(self.pieces)}
         self.max_batch_size = max_batch_size
+        # The longest source + output the export decodes (None: any length, or an export that predates it).
+        self.positions = record.get("positions")
+        self.position_encoding = record.get("model", {}).get("position_encoding")
 
     @property
     def compute_type(self) -> str:
@@ -360,7 +366,15 @@ class Engine:
         An output does not depend on the other sources: CTranslate2 takes one length limit and one length
         penalty a call, so the sources are decoded in one call per length, each under its own limit (a
         shared, longer limit let a beam outgrow a short sentence's limit, win, and be cut without EOS).
+        A source whose limit passes the export's ``positions`` raises DataError before anything is decoded.
         """
+        longest = max((len(s) for s in ids), default=0)
+        if self.positions is not None and longest + settings.max_extra_len > self.positions:
+            # Past a table CTranslate2 stops with a traceback; past ALiBi's exact buckets it decodes wrongly.
+            raise DataError(f"a source of {longest} tokens (EOS included) and max_extra_len="
+                            f"{settings.max_extra_len} need more than the {self.positions} positions this "
+                            f"export of position_encoding={self.position_encoding!r} holds; decode it with "
+                            "the JAX engine (--engine=jax), or pass a smaller --max_extra_len")
         outputs: list[np.ndarray | None] = [None] * len(ids)
         by_length: dict[int, list[int]] = {}
         for i, s in enumerate(ids):
