@@ -475,7 +475,6 @@ def _losses(workdir: str) -> list[tuple[int, float]]:
 def step_train(options: Options, earlier: dict[str, Row]) -> tuple[str, dict]:
     from transformer_jax import run_config
     from transformer_jax.evaluation import workdir_scoring
-    from transformer_jax.runtime import compile_cache
     from transformer_jax.training import loop
 
     _need_accelerator(options, earlier)
@@ -484,7 +483,6 @@ def step_train(options: Options, earlier: dict[str, Row]) -> tuple[str, dict]:
     shutil.rmtree(workdir, ignore_errors=True)  # a fresh run each time
     run = run_config.build_run_config(config)
     started = time.time()
-    compile_cache.enable(os.path.join(os.path.abspath(options.out), "xla_cache"))  # a rerun compiles less
     with _stop_after(None if options.quick else 60 * options.train_minutes, lambda: bool(_losses(workdir))):
         final = loop.train_and_evaluate(run, workdir)
     train_seconds = time.time() - started
@@ -774,6 +772,9 @@ def main(argv: list[str]) -> None:
     options = Options(out=_OUT.value, quick=_QUICK.value, multi30k_dir=_MULTI30K_DIR.value,
                       train_minutes=_TRAIN_MINUTES.value, configs_dir=_CONFIGS_DIR.value)
     if _STEP.value:  # a child: one step, its row written for the parent
+        from transformer_jax.runtime import compile_cache
+
+        compile_cache.enable(os.path.join(os.path.abspath(options.out), "xla_cache"))  # a rerun compiles less
         earlier = {}
         if _EARLIER.value:
             with open(_EARLIER.value) as f:
