@@ -90,7 +90,7 @@ def test_round_trip_state_data_and_config(tmp_path):
     # The typed PRNG key comes back as a typed key with the same bits (orbax stores it natively).
     assert jnp.issubdtype(restored.rng.dtype, jax.dtypes.prng_key)
     np.testing.assert_array_equal(jax.random.key_data(restored.rng), jax.random.key_data(state.rng))
-    assert restored.params["w"].sharding == jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    assert restored.params["w"].sharding == jax.sharding.make_single_device_sharding(jax.devices()[0])
 
 
 def test_restore_with_explicit_sharding(tmp_path):

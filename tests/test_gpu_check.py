@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -176,3 +177,26 @@ def test_the_full_training_step_on_text_files_stops_on_time_and_scores_the_test_
     assert {"greedy", "beam"} == set(row.details["test"])
     assert row.details["test"]["beam"]["beam_size"] == 2
     assert os.path.isdir(tmp_path / "check" / "data_cache")  # the data cache stays under --out
+
+
+# Forms that JAX releases after the pinned one deprecated or removed (their changelogs; SingleDeviceSharding's
+# constructor warns on JAX 0.12.1), each with the form that works on both.
+REMOVED_OR_DEPRECATED = {
+    "jax.sharding.SingleDeviceSharding(": "jax.sharding.make_single_device_sharding(device)",
+    "jax.tree_map(": "jax.tree.map",
+    "jax.sharding.use_mesh": "jax.set_mesh",
+    "with mesh:": "with jax.set_mesh(mesh):",
+    "jax.xla_computation": "jax.jit(f).lower(...)",
+    "jax.experimental.host_callback": "jax.debug.callback / jax.pure_callback",
+    ".device_buffer": ".addressable_shards",
+}
+
+
+def test_the_package_uses_no_jax_api_that_a_newer_jax_deprecated():
+    sources = [*Path(ROOT, "transformer_jax").rglob("*.py"), Path(ROOT, "train.py"),
+               Path(ROOT, "evaluate.py")]
+    found = [f"{path.relative_to(ROOT)}:{number}: {old} (use {new})"
+             for path in sources for number, line in enumerate(path.read_text().splitlines(), 1)
+             for old, new in REMOVED_OR_DEPRECATED.items()
+             if old in line and not line.lstrip().startswith("#")]
+    assert not found, found

@@ -94,7 +94,8 @@ def global_batch(local_batch: dict, mesh: Mesh) -> dict:
 
 def with_default_sharding(abstract_tree: Any) -> Any:
     """Gives ``ShapeDtypeStruct`` leaves without a sharding the first local device (orbax would guess one)."""
-    default = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    # The factory, not the class: JAX 0.12 deprecates calling SingleDeviceSharding (0.10 has both).
+    default = jax.sharding.make_single_device_sharding(jax.local_devices()[0])
 
     def fill(leaf):
         if isinstance(leaf, jax.ShapeDtypeStruct) and getattr(leaf, "sharding", None) is None:
