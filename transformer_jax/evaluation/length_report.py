@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from absl import app, flags
+from absl import app, flags, logging
 
 from transformer_jax.checkpoints import restore
 from transformer_jax.checkpoints.reader import CheckpointReader
@@ -27,7 +27,8 @@ from transformer_jax.runtime.errors import UserError
 
 
 def read_run(workdir: str, split: str = "test") -> dict[str, Any]:
-    """{"scheme", "seed", "train_max_len", "train_seconds", "rows"} of one evaluated workdir."""
+    """{"scheme", "seed", "train_max_len", "train_seconds", "measure", "rows"} of one evaluated workdir
+    (``rows``: its buckets, as ``by_length.score_by_length`` gives them)."""
     _, config, _ = CheckpointReader(restore.checkpoint_dir(workdir)).saved_info()
     results = sorted(glob.glob(os.path.join(workdir, "eval", f"{split}-*.json")), key=os.path.getmtime)
     scored = [path for path in results if "by_length" in json.load(open(path))]
@@ -36,9 +37,10 @@ def read_run(workdir: str, split: str = "test") -> dict[str, Any]:
                         f"python evaluate.py --workdir={workdir} --by_length first")
     final = os.path.join(workdir, "final.json")
     seconds = json.load(open(final)).get("train_seconds") if os.path.exists(final) else None
+    scores = json.load(open(scored[-1]))["by_length"]
     return {"scheme": config["model"]["position_encoding"], "seed": config["seed"],
             "train_max_len": config["data"]["max_len"], "train_seconds": seconds,
-            "rows": json.load(open(scored[-1]))["by_length"]}
+            "measure": scores["measure"], "rows": scores["buckets"]}
 
 
 def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -83,6 +85,7 @@ flags.DEFINE_string("title", "", "the plot's title")
 
 
 def main(argv: Sequence[str]) -> None:
+    logging.set_verbosity(logging.WARNING)  # orbax logs every config it reads
     workdirs = argv[1:]
     if not workdirs:
         raise app.UsageError("pass the evaluated workdirs")
@@ -101,8 +104,7 @@ def main(argv: Sequence[str]) -> None:
     series = {s: [{**b, "score": m} for b, m in zip(e["buckets"], e["mean"], strict=True)]
               for s, e in schemes.items()}
     bands = {s: (e["min"], e["max"]) for s, e in schemes.items() if len(e["seeds"]) > 1}
-    measure = runs[0]["rows"][0].get("measure", "BLEU") if runs[0]["rows"] else "BLEU"
-    by_length.plot_by_length(series, os.path.join(FLAGS.out, "report.png"), measure,
+    by_length.plot_by_length(series, os.path.join(FLAGS.out, "report.png"), runs[0]["measure"],
                              train_max_len=train_max_len, bands=bands, title=FLAGS.title)
     print(table)
 
