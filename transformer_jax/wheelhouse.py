@@ -255,35 +255,43 @@ def build(*, python_version: str, out: str, have: dict[str, NodePackage], glibc:
     return result
 
 
-_PYTHON_VERSION = flags.DEFINE_string(
-    "python-version", None, "The node's Python as 3.N (`python3 --version` there), e.g. 3.12.")
-_OUT = flags.DEFINE_string("out", None, "Folder to fill with wheels (created; wheels already there stay).")
-_HAVE = flags.DEFINE_string(
-    "have", None, "The node's `python -m pip list --format=freeze` output: those packages are left out and "
-    "pin the resolution. Default: the node has nothing.")
-_GLIBC = flags.DEFINE_string("glibc", DEFAULT_GLIBC, "The node's glibc version (`ldd --version` there).")
-_ARCH = flags.DEFINE_enum("arch", "x86_64", list(ARCHES), "The node's CPU (`uname -m` there).")
-_EXTRAS = flags.DEFINE_list(
-    "extras", [], "The project's extras to carry too, e.g. cuda12 for a node without a CUDA JAX (~3 GB).")
-_PROJECT = flags.DEFINE_string("project", _ROOT, "The checkout of this project whose wheel is carried.")
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """The flags of ``python -m transformer_jax.wheelhouse`` (defined when it runs, not on import)."""
+    flags.DEFINE_string("python-version", None, "The node's Python as 3.N (`python3 --version` there), "
+                        "e.g. 3.12.", flag_values=flag_values)
+    flags.DEFINE_string("out", None, "Folder to fill with wheels (created; wheels already there stay).",
+                        flag_values=flag_values)
+    flags.DEFINE_string("have", None, "The node's `python -m pip list --format=freeze` output: those "
+                        "packages are left out and pin the resolution. Default: the node has nothing.",
+                        flag_values=flag_values)
+    flags.DEFINE_string("glibc", DEFAULT_GLIBC, "The node's glibc version (`ldd --version` there).",
+                        flag_values=flag_values)
+    flags.DEFINE_enum("arch", "x86_64", list(ARCHES), "The node's CPU (`uname -m` there).",
+                      flag_values=flag_values)
+    flags.DEFINE_list("extras", [], "The project's extras to carry too, e.g. cuda12 for a node without a "
+                      "CUDA JAX (~3 GB).", flag_values=flag_values)
+    flags.DEFINE_string("project", _ROOT, "The checkout of this project whose wheel is carried.",
+                        flag_values=flag_values)
 
 
 def main(argv: list[str]) -> None:
-    for flag in (_PYTHON_VERSION, _OUT):
-        if not flag.value:
-            raise ConfigError(f"--{flag.name} is required, e.g. python -m transformer_jax.wheelhouse "
+    values = flags.FLAGS
+    for name in ("python-version", "out"):
+        if not values[name].value:
+            raise ConfigError(f"--{name} is required, e.g. python -m transformer_jax.wheelhouse "
                               "--python-version=3.12 --out=wheelhouse [--have=node-freeze.txt]")
-    have = {}
-    if _HAVE.value:
-        if not os.path.isfile(_HAVE.value):
-            raise errors.MissingFileError(f"--have={_HAVE.value}: no such file; make it on the node with "
+    have, have_path = {}, values["have"].value
+    if have_path:
+        if not os.path.isfile(have_path):
+            raise errors.MissingFileError(f"--have={have_path}: no such file; make it on the node with "
                                           "python -m pip list --format=freeze > node-freeze.txt")
-        with open(_HAVE.value) as f:
-            have = parse_freeze(f.read(), _HAVE.value)
-    build(python_version=_PYTHON_VERSION.value, out=_OUT.value, have=have, glibc=_GLIBC.value,
-          arch=_ARCH.value, extras=tuple(_EXTRAS.value), project=_PROJECT.value,
+        with open(have_path) as f:
+            have = parse_freeze(f.read(), have_path)
+    build(python_version=values["python-version"].value, out=values.out, have=have, glibc=values.glibc,
+          arch=values.arch, extras=tuple(values.extras), project=values.project,
           say=lambda line: print(line, flush=True))
 
 
 if __name__ == "__main__":
+    define_flags()
     errors.run_main(main)

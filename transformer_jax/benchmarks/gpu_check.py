@@ -736,20 +736,28 @@ def all_passed(rows: list[Row]) -> bool:
 
 # The command -----------------------------------------------------------------------------------------------
 
-_OUT = flags.DEFINE_string("out", Options.out, "Folder of gpu_check.json, gpu_check.md, logs/ and train/.")
-_QUICK = flags.DEFINE_bool("quick", False, "Tiny shapes: every step on a CPU in about a minute (CI).")
-_MULTI30K_DIR = flags.DEFINE_string(
-    "multi30k_dir", Options.multi30k_dir, "Step 5's data, made beforehand by python -m "
-    "transformer_jax.data.prepare multi30k --dir=DIR (not needed with --quick).")
-_TRAIN_MINUTES = flags.DEFINE_float("train_minutes", Options.train_minutes,
-                                    "Step 5's training time, from its first logged steps (compiled by then).")
-_ONLY = flags.DEFINE_list("only", [], "Run only these steps (numbers 1-6 or names); the others are "
-                          "'not run' rows.")
-_CONFIGS_DIR = flags.DEFINE_string("configs_dir", "", "The project's configs/ (default: the checkout's).")
-# Internal: the parent runs each step as `--step=NAME --earlier=FILE --result=FILE`.
-_STEP = flags.DEFINE_enum("step", None, list(STEPS), "Internal: run this one step and write --result.")
-_EARLIER = flags.DEFINE_string("earlier", None, "Internal: the rows of the steps before --step (JSON).")
-_RESULT = flags.DEFINE_string("result", None, "Internal: where --step writes its row (JSON).")
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """The flags of ``python -m transformer_jax.benchmarks.gpu_check`` (defined when it runs, not on
+    import)."""
+    flags.DEFINE_string("out", Options.out, "Folder of gpu_check.json, gpu_check.md, logs/ and train/.",
+                        flag_values=flag_values)
+    flags.DEFINE_bool("quick", False, "Tiny shapes: every step on a CPU (CI).", flag_values=flag_values)
+    flags.DEFINE_string("multi30k_dir", Options.multi30k_dir, "Step 5's data, made beforehand by python -m "
+                        "transformer_jax.data.prepare multi30k --dir=DIR (not needed with --quick).",
+                        flag_values=flag_values)
+    flags.DEFINE_float("train_minutes", Options.train_minutes, "Step 5's training time, from its first "
+                       "logged steps (compiled by then).", flag_values=flag_values)
+    flags.DEFINE_list("only", [], "Run only these steps (numbers 1-6 or names); the others are 'not run' "
+                      "rows.", flag_values=flag_values)
+    flags.DEFINE_string("configs_dir", "", "The project's configs/ (default: the checkout's).",
+                        flag_values=flag_values)
+    # Internal: the parent runs each step as `--step=NAME --earlier=FILE --result=FILE`.
+    flags.DEFINE_enum("step", None, list(STEPS), "Internal: run this one step and write --result.",
+                      flag_values=flag_values)
+    flags.DEFINE_string("earlier", None, "Internal: the rows of the steps before --step (JSON).",
+                        flag_values=flag_values)
+    flags.DEFINE_string("result", None, "Internal: where --step writes its row (JSON).",
+                        flag_values=flag_values)
 
 
 def _parse_only(values: list[str]) -> tuple[str, ...]:
@@ -767,24 +775,25 @@ def _parse_only(values: list[str]) -> tuple[str, ...]:
 
 def main(argv: list[str]) -> None:
     logging.set_verbosity(logging.WARNING)
-    if _TRAIN_MINUTES.value <= 0:
-        raise ConfigError(f"--train_minutes={_TRAIN_MINUTES.value}: expected minutes > 0, e.g. 3")
-    options = Options(out=_OUT.value, quick=_QUICK.value, multi30k_dir=_MULTI30K_DIR.value,
-                      train_minutes=_TRAIN_MINUTES.value, configs_dir=_CONFIGS_DIR.value)
-    if _STEP.value:  # a child: one step, its row written for the parent
+    values = flags.FLAGS
+    if values.train_minutes <= 0:
+        raise ConfigError(f"--train_minutes={values.train_minutes}: expected minutes > 0, e.g. 2")
+    options = Options(out=values.out, quick=values.quick, multi30k_dir=values.multi30k_dir,
+                      train_minutes=values.train_minutes, configs_dir=values.configs_dir)
+    if values.step:  # a child: one step, its row written for the parent
         from transformer_jax.runtime import compile_cache
 
         compile_cache.enable(os.path.join(os.path.abspath(options.out), "xla_cache"))  # a rerun compiles less
         earlier = {}
-        if _EARLIER.value:
-            with open(_EARLIER.value) as f:
+        if values.earlier:
+            with open(values.earlier) as f:
                 earlier = _rows_from_json(json.load(f))
-        row = run_step(_STEP.value, options, earlier)
-        with open(_RESULT.value + ".tmp", "w") as f:
+        row = run_step(values.step, options, earlier)
+        with open(values.result + ".tmp", "w") as f:
             json.dump(dataclasses.asdict(row), f, default=str)
-        os.replace(_RESULT.value + ".tmp", _RESULT.value)
+        os.replace(values.result + ".tmp", values.result)
         return
-    only = _parse_only(_ONLY.value)
+    only = _parse_only(values.only)
     rows = run_checks(options, only=only, say=lambda line: print(line, flush=True))
     print()
     print(header(rows, options))
@@ -796,4 +805,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     errors.run_main(main)
