@@ -18,8 +18,8 @@ NEW_VALUES = {
     "d_model": 256, "d_ff": 96, "num_heads": 8, "d_k": 16, "d_v": 24, "num_encoder_layers": 7,
     "num_decoder_layers": 5, "dropout_rate": 0.25, "attention_dropout_rate": 0.05, "max_len": 300,
     "position_encoding": "learned", "norm_style": "pre", "attention_impl": "blockwise",
-    "attention_init": "matrix", "attention_block_size": 48, "dtype": "bfloat16",
-    "attention_witness": True,
+    "attention_init": "matrix", "attention_block_size": 48, "dtype": "bfloat16", "max_relative_position": 7,
+    "attention_witness": True,  # last: the test below sets it apart
 }
 
 

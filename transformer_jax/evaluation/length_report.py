@@ -78,13 +78,15 @@ def markdown_table(schemes: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string("out", None, "folder for report.md, report.json and report.png", required=True)
-flags.DEFINE_string("split", "test", "the evaluated split")
-flags.DEFINE_string("title", "", "the plot's title")
+def define_flags() -> None:
+    """The command's flags (defined only when it runs, so that importing the module defines none)."""
+    flags.DEFINE_string("out", None, "folder for report.md, report.json and report.png", required=True)
+    flags.DEFINE_string("split", "test", "the evaluated split")
+    flags.DEFINE_string("title", "", "the plot's title")
 
 
 def main(argv: Sequence[str]) -> None:
+    FLAGS = flags.FLAGS
     logging.set_verbosity(logging.WARNING)  # orbax logs every config it reads
     workdirs = argv[1:]
     if not workdirs:
@@ -110,4 +112,5 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)
