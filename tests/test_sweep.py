@@ -480,23 +480,32 @@ def test_rows_beyond_the_paper_are_chosen_by_name_and_run_with_their_seeds(tmp_p
     assert run("--grid", "model.num_heads=2,4", "--seeds", "2", "--workdir", str(tmp_path / "x")) == 1
 
 
-@pytest.mark.parametrize("scale, item", [
-    ("cpu", "model.position_encoding=rotary"),  # the field row E changes
-    ("cpu", "train.num_steps=50"),  # a column of Table 3, set on every row
-    ("multi30k", "model.dropout_rate=0.3"),
-    ("paper", "model.position_encoding=rotary"),
-    ("paper", "train.warmup_steps=100"),  # the paper's recipe, which every paper-scale row is
+@pytest.mark.parametrize("scale, rows, item, message", [
+    ("cpu", "E", "model.position_encoding=rotary", "changes a field row E-learned-pos sets (position_encoding)"),
+    ("cpu", "base,big", "train.num_steps=50", "changes a field row big sets (num_steps)"),
+    ("multi30k", "D", "model.dropout_rate=0.3", "changes a field row D-drop0.0 sets (dropout_rate)"),
+    ("paper", "E", "model.position_encoding=rotary", "changes a field the paper fixes for every Table 3 row"),
+    ("paper", "D", "train.warmup_steps=100", "changes a field the paper fixes"),  # the paper's recipe
+    ("paper", "base", "model.d_model=16", "changes a field the paper fixes"),  # a column, set by no row chosen
 ])
-def test_an_override_of_a_field_the_rows_set_is_refused_in_one_line(tmp_path, monkeypatch, capsys, scale,
-                                                                     item):
+def test_an_override_that_makes_a_row_another_row_is_refused_in_one_line(tmp_path, monkeypatch, capsys, scale,
+                                                                         rows, item, message):
     runner = FakeRunner()
     monkeypatch.setattr(launchers, "run_command", runner)
-    assert run("--rows", "E", "--scale", scale, "--override", item, "--workdir", str(tmp_path / "s")) == 1
+    assert run("--rows", rows, "--scale", scale, "--override", item, "--workdir", str(tmp_path / "s")) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and err[0].startswith(f"error: --override={item} changes a field every Table 3 row "
-                                               f"sets at {scale} scale"), err
+    assert len(err) == 2 and err[0].startswith(f"error: --override={item} {message}"), err
     assert f"--grid '{item}' --config configs/table3.py:base,{scale}" in err[0]
     assert runner.commands == [] and not (tmp_path / "s").exists()
+
+
+def test_an_override_of_a_field_no_chosen_row_sets_shrinks_every_row(capsys):
+    """Below paper scale an override sets the base of every row: a smaller model for rows D and E."""
+    assert run("--rows", "D,E", "--scale", "cpu", "--override", "model.d_model=16", "--override",
+               "train.num_steps=50", "--workdir", "unused", "--launcher", "print") == 0
+    commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("python train.py")]
+    assert len(commands) == 8  # base and its 2 seed rows, the 4 rows of D, the 1 of E
+    assert all("--config.model.d_model=16" in c and "--config.train.num_steps=50" in c for c in commands)
 
 
 def test_a_seed_override_is_refused_beside_seed_rows(tmp_path, capsys):

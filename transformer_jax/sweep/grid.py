@@ -123,17 +123,18 @@ def table3_config_arg(row: str, scale: str) -> str:
 
 
 def table3_row_fields(scale: str) -> set[str]:
-    """The dotted config fields every Table 3 row sets at ``scale``, which make the row that row.
+    """The dotted config fields a paper-scale row must keep to be the paper's row: Table 3's columns
+    (N, d_model, d_ff, h, d_k, d_v, P_drop, eps_ls, train steps, and row E's positions) and what
+    ``paper.row_fields`` fixes for every row (the training recipe, the vocabulary, the language pair).
 
-    Table 3's columns (N, d_model, d_ff, h, d_k, d_v, P_drop, eps_ls, train steps, and row E's positions):
-    each row sets them, to its own value or the base row's. At paper scale also what ``paper.row_fields``
-    fixes for every row: the training recipe, the vocabulary, the language pair.
+    Empty at the other scales: there the base row is a model of our choosing, and an override is refused
+    only where a selected row changes the field (``table3_rows``).
     """
+    if scale != "paper":
+        return set()
     fields = {f"model.{name}" for row in paper.TABLE3_ALL for name in row.model}
     fields |= {f"train.{name}" for name in paper.BASE_TRAIN}
-    if scale == "paper":
-        fields |= set(paper.row_fields("base"))
-    return fields
+    return fields | set(paper.row_fields("base"))
 
 
 def table3_rows(selection: str | None, scale: str, base_seeds: int = 1,
@@ -144,15 +145,16 @@ def table3_rows(selection: str | None, scale: str, base_seeds: int = 1,
     rows ``base-seed<k>`` right after it: their spread is the noise band of the report. ``seeds`` does
     the same for every other row (``<row>-seed<k>``): the report gives each row its seeds' band.
     ``overrides`` (``"data.dir=data/multi30k"``...) are set on every row, typed as config_flags types
-    them. An override of a field the rows set (``table3_row_fields``, or ``seed`` beside seed rows) is
-    refused: the run would not be the row it is named and reported as.
+    them. An override is refused where the run would not be the row it is named and reported as: of a
+    field a selected row changes from the base row, of ``seed`` beside seed rows, and at paper scale of
+    any field the paper fixes (``table3_row_fields``). Elsewhere it sets every row's base, e.g. a
+    smaller model for a smoke run of rows D and E.
     """
     for flag, value in (("--base_seeds", base_seeds), ("--seeds", seeds)):
         if value < 1:
             raise ValueError(f"{flag} must be at least 1, got {value}")
     base_config_arg = table3_config_arg("base", scale)
     common = tuple(_parse_override(base_config_arg, item) for item in overrides)
-    _check_overrides(common, scale, seeded=base_seeds > 1 or seeds > 1)
     base = _flat_sections(load_config(base_config_arg)[0])
     rows = []
     for table3_row in select_table3_rows(selection):
@@ -168,24 +170,31 @@ def table3_rows(selection: str | None, scale: str, base_seeds: int = 1,
         rows.extend(Row(f"{name}-seed{seed}", config_arg, (*common, ("seed", seed)),
                         (*changes, ("seed", seed)), paper_row, name)
                     for seed in range(1, base_seeds if name == "base" else seeds))
+    _check_overrides(common, rows, scale, seeded=base_seeds > 1 or seeds > 1)
     return rows
 
 
-def _check_overrides(overrides: Sequence[tuple[str, Any]], scale: str, *, seeded: bool) -> None:
-    """Refuses, in one line, an override of a field the Table 3 rows set (the first one found)."""
-    fields = table3_row_fields(scale) | ({"seed"} if seeded else set())
+def _check_overrides(overrides: Sequence[tuple[str, Any]], rows: Sequence[Row], scale: str, *,
+                     seeded: bool) -> None:
+    """Refuses, in one line, an override of a field that makes a row another row (the first one found)."""
+    paper_fields = table3_row_fields(scale)
     for key, value in overrides:
-        if key not in fields:
-            continue
-        if key == "seed":
-            raise ValueError(f"--override={key}={format_value(value)} conflicts with the rows' own seeds "
-                             "(--base_seeds, --seeds); set --base_seeds=1 --seeds=1 to run every row "
-                             "with one seed of your choice")
-        raise ValueError(
-            f"--override={key}={format_value(value)} changes a field every Table 3 row sets at {scale} "
-            "scale, so the runs would not be the rows they are named and reported as; choose the rows "
-            "that have the value (e.g. --rows E,E+ for the position schemes), or sweep it as a generic grid: "
-            f"--grid '{key}={format_value(value)}' --config {table3_config_arg('base', scale)}")
+        item = f"--override={key}={format_value(value)}"
+        if key == "seed" and seeded:
+            raise ValueError(f"{item} conflicts with the rows' own seeds (--base_seeds, --seeds); set "
+                             "--base_seeds=1 --seeds=1 to run every row with one seed of your choice")
+        as_grid = f"sweep it as a generic grid: --grid '{key}={format_value(value)}' " \
+                  f"--config {table3_config_arg('base', scale)}"
+        if key in paper_fields:
+            raise ValueError(f"{item} changes a field the paper fixes for every Table 3 row, so the runs at "
+                             f"paper scale would not be the paper's rows; run --scale=multi30k or cpu, or {as_grid}")
+        section, _, field = key.partition(".")
+        changing = [row.name for row in rows
+                    if section in ("model", "train") and field in dict(row.changes)]
+        if changing:
+            raise ValueError(f"{item} changes a field row {changing[0]} sets ({field}), so it would not be the "
+                             f"row it is named and reported as; leave the rows that set {field} out of "
+                             f"--rows, or {as_grid}")
 
 
 def _parse_override(config_arg: str, item: str) -> tuple[str, Any]:
