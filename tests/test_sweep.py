@@ -499,10 +499,10 @@ def test_an_override_that_makes_a_row_another_row_is_refused_in_one_line(tmp_pat
     assert runner.commands == [] and not (tmp_path / "s").exists()
 
 
-def test_an_override_of_a_field_no_chosen_row_sets_shrinks_every_row(capsys):
+def test_an_override_of_a_field_no_chosen_row_sets_shrinks_every_row(tmp_path, capsys):
     """Below paper scale an override sets the base of every row: a smaller model for rows D and E."""
     assert run("--rows", "D,E", "--scale", "cpu", "--override", "model.d_model=16", "--override",
-               "train.num_steps=50", "--workdir", "unused", "--launcher", "print") == 0
+               "train.num_steps=50", "--workdir", str(tmp_path), "--launcher", "print") == 0
     commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("python train.py")]
     assert len(commands) == 8  # base and its 2 seed rows, the 4 rows of D, the 1 of E
     assert all("--config.model.d_model=16" in c and "--config.train.num_steps=50" in c for c in commands)
