@@ -481,15 +481,16 @@ def test_rows_beyond_the_paper_are_chosen_by_name_and_run_with_their_seeds(tmp_p
 
 
 @pytest.mark.parametrize("scale, rows, item, message", [
-    ("cpu", "E", "model.position_encoding=rotary", "changes a field row E-learned-pos sets (position_encoding)"),
+    ("cpu", "E", "model.position_encoding=rotary",
+     "changes a field row E-learned-pos sets (position_encoding)"),
     ("cpu", "base,big", "train.num_steps=50", "changes a field row big sets (num_steps)"),
     ("multi30k", "D", "model.dropout_rate=0.3", "changes a field row D-drop0.0 sets (dropout_rate)"),
     ("paper", "E", "model.position_encoding=rotary", "changes a field the paper fixes for every Table 3 row"),
     ("paper", "D", "train.warmup_steps=100", "changes a field the paper fixes"),  # the paper's recipe
-    ("paper", "base", "model.d_model=16", "changes a field the paper fixes"),  # a column, set by no row chosen
+    ("paper", "base", "model.d_model=16", "changes a field the paper fixes"),  # a column no chosen row sets
 ])
-def test_an_override_that_makes_a_row_another_row_is_refused_in_one_line(tmp_path, monkeypatch, capsys, scale,
-                                                                         rows, item, message):
+def test_an_override_that_makes_a_row_another_row_is_refused_in_one_line(tmp_path, monkeypatch, capsys,
+                                                                         scale, rows, item, message):
     runner = FakeRunner()
     monkeypatch.setattr(launchers, "run_command", runner)
     assert run("--rows", rows, "--scale", scale, "--override", item, "--workdir", str(tmp_path / "s")) == 1

@@ -122,16 +122,10 @@ def table3_config_arg(row: str, scale: str) -> str:
     return f"{TABLE3_CONFIG}:{row},{scale}"
 
 
-def table3_row_fields(scale: str) -> set[str]:
+def paper_fixed_fields() -> set[str]:
     """The dotted config fields a paper-scale row must keep to be the paper's row: Table 3's columns
     (N, d_model, d_ff, h, d_k, d_v, P_drop, eps_ls, train steps, and row E's positions) and what
-    ``paper.row_fields`` fixes for every row (the training recipe, the vocabulary, the language pair).
-
-    Empty at the other scales: there the base row is a model of our choosing, and an override is refused
-    only where a selected row changes the field (``table3_rows``).
-    """
-    if scale != "paper":
-        return set()
+    ``paper.row_fields`` fixes for every row (the training recipe, the vocabulary, the language pair)."""
     fields = {f"model.{name}" for row in paper.TABLE3_ALL for name in row.model}
     fields |= {f"train.{name}" for name in paper.BASE_TRAIN}
     return fields | set(paper.row_fields("base"))
@@ -147,7 +141,7 @@ def table3_rows(selection: str | None, scale: str, base_seeds: int = 1,
     ``overrides`` (``"data.dir=data/multi30k"``...) are set on every row, typed as config_flags types
     them. An override is refused where the run would not be the row it is named and reported as: of a
     field a selected row changes from the base row, of ``seed`` beside seed rows, and at paper scale of
-    any field the paper fixes (``table3_row_fields``). Elsewhere it sets every row's base, e.g. a
+    any field the paper fixes (``paper_fixed_fields``). Elsewhere it sets every row's base, e.g. a
     smaller model for a smoke run of rows D and E.
     """
     for flag, value in (("--base_seeds", base_seeds), ("--seeds", seeds)):
@@ -177,24 +171,25 @@ def table3_rows(selection: str | None, scale: str, base_seeds: int = 1,
 def _check_overrides(overrides: Sequence[tuple[str, Any]], rows: Sequence[Row], scale: str, *,
                      seeded: bool) -> None:
     """Refuses, in one line, an override of a field that makes a row another row (the first one found)."""
-    paper_fields = table3_row_fields(scale)
+    paper_fields = paper_fixed_fields() if scale == "paper" else set()
     for key, value in overrides:
         item = f"--override={key}={format_value(value)}"
         if key == "seed" and seeded:
             raise ValueError(f"{item} conflicts with the rows' own seeds (--base_seeds, --seeds); set "
                              "--base_seeds=1 --seeds=1 to run every row with one seed of your choice")
-        as_grid = f"sweep it as a generic grid: --grid '{key}={format_value(value)}' " \
-                  f"--config {table3_config_arg('base', scale)}"
+        as_grid = (f"sweep it as a generic grid: --grid '{key}={format_value(value)}' "
+                   f"--config {table3_config_arg('base', scale)}")
         if key in paper_fields:
             raise ValueError(f"{item} changes a field the paper fixes for every Table 3 row, so the runs at "
-                             f"paper scale would not be the paper's rows; run --scale=multi30k or cpu, or {as_grid}")
+                             "paper scale would not be the paper's rows; run --scale=multi30k or cpu, or "
+                             f"{as_grid}")
         section, _, field = key.partition(".")
         changing = [row.name for row in rows
                     if section in ("model", "train") and field in dict(row.changes)]
         if changing:
-            raise ValueError(f"{item} changes a field row {changing[0]} sets ({field}), so it would not be the "
-                             f"row it is named and reported as; leave the rows that set {field} out of "
-                             f"--rows, or {as_grid}")
+            raise ValueError(f"{item} changes a field row {changing[0]} sets ({field}), so it would not be "
+                             f"the row it is named and reported as; leave the rows that set {field} out "
+                             f"of --rows, or {as_grid}")
 
 
 def _parse_override(config_arg: str, item: str) -> tuple[str, Any]:
