@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from transformer_jax.benchmarks import gpu_check
+from transformer_jax.benchmarks import gpu_check, gpu_check_runs, gpu_check_steps
 from transformer_jax.model import fused_attention
 from transformer_jax.runtime.errors import ConfigError
 
@@ -51,7 +51,7 @@ def test_fused_attention_step_passes_and_a_dropped_mask_fails_it(monkeypatch, tm
     row = gpu_check.run_step("fused_attention", options, {})
     assert row.status == gpu_check.PASS, row.summary
     worst = max(v for case in row.details["cases"] for v in case["fused"].values())
-    assert worst <= gpu_check.VALUE_TOLERANCE
+    assert worst <= gpu_check_steps.VALUE_TOLERANCE
 
     monkeypatch.setattr(fused_attention, "fused_attention", _drop_mask(fused_attention.fused_attention))
     row = gpu_check.run_step("fused_attention", options, {})
@@ -116,9 +116,9 @@ def test_only_and_version_strings():
     assert gpu_check._parse_only([]) == gpu_check.STEPS
     with pytest.raises(ConfigError, match="--only=7: expected step numbers 1-6"):
         gpu_check._parse_only(["7"])
-    assert gpu_check._cuda_version_string(12080, cudnn=False) == "12.8"
-    assert gpu_check._cuda_version_string(90800, cudnn=True) == "9.8.0"
-    assert gpu_check._cuda_version_string(8907, cudnn=True) == "8.9.7"
+    assert gpu_check_steps._cuda_version_string(12080, cudnn=False) == "12.8"
+    assert gpu_check_steps._cuda_version_string(90800, cudnn=True) == "9.8.0"
+    assert gpu_check_steps._cuda_version_string(8907, cudnn=True) == "8.9.7"
 
 
 def test_training_is_stopped_by_sigterm_only_after_it_started(monkeypatch):
@@ -128,7 +128,7 @@ def test_training_is_stopped_by_sigterm_only_after_it_started(monkeypatch):
     received, started = [], threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(time.monotonic()))
     try:
-        with gpu_check._stop_after(0.3, started.is_set):
+        with gpu_check_runs._stop_after(0.3, started.is_set):
             time.sleep(2.5)  # not started: no signal however long it takes
             assert not received
             began = time.monotonic()
@@ -168,7 +168,7 @@ def test_the_full_training_step_on_text_files_stops_on_time_and_scores_the_test_
             "--config.model.num_decoder_layers=1", "--config.train.num_steps=100000",
             "--config.train.warmup_steps=10", "--config.log_every_steps=5", "--config.final_beam_size=2",
             "--config.peak_tflops_per_device=1.0"]
-    monkeypatch.setattr(gpu_check, "BASE_ON_MULTI30K", tiny)
+    monkeypatch.setattr(gpu_check_runs, "BASE_ON_MULTI30K", tiny)
     options = gpu_check.Options(out=str(tmp_path / "check"), multi30k_dir=str(data), train_minutes=0.1)
     gpu = {"devices": gpu_check.Row(1, "devices", "pass", "", details={"backend": "gpu"})}
     row = gpu_check.run_step("train", options, gpu)
