@@ -49,6 +49,17 @@ def test_each_bucket_is_scored_as_a_corpus_of_its_own_sentences():
         by_length.score_by_length(lengths[:-1], hypotheses, references, (10,), _exact)
 
 
+def test_each_bucket_gives_its_outputs_words_over_its_references_words():
+    """Whitespace words, summed over the bucket: a model that stops early shows a ratio below 1."""
+    hypotheses = ["a b", "a b c d", "", "x y z"]
+    references = ["a b c", "a b c d", "p q", "x y"]
+    rows = by_length.score_by_length([3, 12, 14, 30], hypotheses, references, (10, 20, 30, 40), _exact)
+    assert [r["length_ratio"] for r in rows] == [pytest.approx(2 / 3), pytest.approx(4 / 6), 1.5, None, None]
+    trees = [types.SimpleNamespace(label="S")] * 4  # parsing's gold trees: no words to count
+    assert {r["length_ratio"] for r in by_length.score_by_length([3, 12, 14, 30], hypotheses, trees, (10,),
+                                                                 lambda h, r: 0.0)} == {None}
+
+
 def test_bucket_bleu_is_corpus_bleu_of_the_bucket():
     """sacreBLEU per bucket: the bucket of perfect outputs scores 100, the other its own corpus BLEU."""
     references = ["the cat sat on the mat today", "a dog ran in the park", "it rained all day long here"]
@@ -75,11 +86,12 @@ def test_the_table_marks_the_training_length_and_the_plot_is_a_png(tmp_path):
     rows = by_length.score_by_length([4, 14, 24], ["a", "b", "c"], ["a", "b", "x"], (10, 20), _exact,
                                      train_max_len=16)
     table = by_length.length_table(rows, "BLEU", train_max_len=16).splitlines()
-    assert table[0].split() == ["source", "tokens", "sentences", "BLEU", "training"]
-    assert table[2].split() == ["1-10", "1", "100.00", "within"]
-    assert table[3].split() == ["11-20", "1", "100.00", "partly"]
-    assert table[4].split() == ["21+", "1", "0.00", "beyond"]
-    assert table[-1].startswith("training pairs had at most data.max_len=16 tokens a side")
+    assert table[0].split() == ["source", "tokens", "sentences", "BLEU", "out/ref", "training"]
+    assert table[2].split() == ["1-10", "1", "100.00", "1.00", "within"]
+    assert table[3].split() == ["11-20", "1", "100.00", "1.00", "partly"]
+    assert table[4].split() == ["21+", "1", "0.00", "1.00", "beyond"]
+    assert table[-2].startswith("training pairs had at most data.max_len=16 tokens a side")
+    assert table[-1] == "out/ref: the outputs' words over the references' words (below 1: outputs stop short)"
     out = by_length.plot_by_length({"run": rows}, str(tmp_path / "plot" / "by_length.png"), "BLEU",
                                    train_max_len=16, bands={"run": ([0, 90, None], [100, 100, None])})
     with open(out, "rb") as f:

@@ -315,14 +315,18 @@ def test_by_length_scores_each_bucket_of_source_length(workdir, tmp_path):
         if members:
             assert row["score"] == pytest.approx(bleu.sacrebleu_score(
                 [outputs[i] for i in members], [pairs[i][1] for i in members]).score)
+            assert row["length_ratio"] == pytest.approx(sum(len(outputs[i].split()) for i in members)
+                                                        / sum(len(pairs[i][1].split()) for i in members))
         assert row["training"] == ("beyond" if high is None else "within")
     assert sum(row["sentences"] for row in numbers["buckets"]) == len(pairs)
     with open(numbers["plot"], "rb") as f:
         assert numbers["plot"] == str(out / "test-6-by_length.png") and f.read(4) == b"\x89PNG"
     lines = result.stdout.strip().splitlines()
-    assert lines[-2].startswith("training pairs had at most data.max_len=64 tokens a side")
-    assert lines[-3].split() == ["65+", str(numbers["buckets"][-1]["sentences"]),
-                                 f"{numbers['buckets'][-1]['score']:.2f}", "beyond"]
+    assert lines[-3].startswith("training pairs had at most data.max_len=64 tokens a side")
+    assert lines[-2].startswith("out/ref: the outputs' words over the references' words")
+    last = numbers["buckets"][-1]
+    assert lines[-4].split() == ["65+", str(last["sentences"]), f"{last['score']:.2f}",
+                                 f"{last['length_ratio']:.2f}", "beyond"]
     assert lines[-1].startswith("scored the checkpoint at step 6")
 
     with pytest.raises(ConfigError, match=r"^--length_buckets sets the buckets of --by_length"):

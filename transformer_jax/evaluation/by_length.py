@@ -77,7 +77,7 @@ def score_by_length(lengths: Sequence[int], hypotheses: Sequence[Any], reference
                     train_max_len: int | None = None) -> list[dict[str, Any]]:
     """One row per bucket of :func:`buckets`: ``bucket`` (its label), ``min_tokens``, ``max_tokens`` (None
     for the open one), ``sentences``, ``score`` (``scorer(hypotheses, references)`` of its sentences; None
-    when empty) and ``training`` (:func:`training_coverage`).
+    when empty), ``length_ratio`` (:func:`word_ratio`) and ``training`` (:func:`training_coverage`).
 
     ``lengths``, ``hypotheses`` and ``references`` are aligned, one per sentence.
     """
@@ -87,25 +87,40 @@ def score_by_length(lengths: Sequence[int], hypotheses: Sequence[Any], reference
     rows = []
     for low, high in buckets(edges):
         members = [i for i, n in enumerate(lengths) if n >= low and (high is None or n <= high)]
-        score = (float(scorer([hypotheses[i] for i in members], [references[i] for i in members]))
-                 if members else None)
+        outputs, wanted = [hypotheses[i] for i in members], [references[i] for i in members]
         rows.append({"bucket": bucket_label(low, high), "min_tokens": low, "max_tokens": high,
-                     "sentences": len(members), "score": score,
+                     "sentences": len(members), "score": float(scorer(outputs, wanted)) if members else None,
+                     "length_ratio": word_ratio(outputs, wanted),
                      "training": training_coverage(low, high, train_max_len)})
     return rows
+
+
+def word_ratio(outputs: Sequence[Any], references: Sequence[Any]) -> float | None:
+    """The outputs' whitespace words over the references' (a model that stops early reads below 1); None
+    without reference words, or when the references are not text (parsing's gold trees)."""
+    if not all(isinstance(text, str) for text in (*outputs, *references)):
+        return None
+    reference_words = sum(len(text.split()) for text in references)
+    return sum(len(text.split()) for text in outputs) / reference_words if reference_words else None
 
 
 def length_table(rows: Sequence[Mapping[str, Any]], measure: str, *, train_max_len: int | None) -> str:
     """The rows as a plain-text table (bucket, sentences, score, training), and a last line that says what
     "beyond" means."""
-    lines = [f"{'source tokens':>13}  {'sentences':>9}  {measure:>9}  training",
-             f"{'-' * 13}  {'-' * 9}  {'-' * 9}  {'-' * 8}"]
+    ratios = any(row.get("length_ratio") is not None for row in rows)
+    lines = [f"{'source tokens':>13}  {'sentences':>9}  {measure:>9}  " + ("out/ref  " if ratios else "")
+             + "training",
+             f"{'-' * 13}  {'-' * 9}  {'-' * 9}  " + ("-" * 7 + "  " if ratios else "") + "-" * 8]
     for row in rows:
         score = "—" if row["score"] is None else f"{row['score']:.2f}"
-        lines.append(f"{row['bucket']:>13}  {row['sentences']:>9}  {score:>9}  {row['training']}")
+        ratio = "—" if row.get("length_ratio") is None else f"{row['length_ratio']:.2f}"
+        lines.append(f"{row['bucket']:>13}  {row['sentences']:>9}  {score:>9}  "
+                     + (f"{ratio:>7}  " if ratios else "") + row["training"])
     if train_max_len is not None:
         lines.append(f"training pairs had at most data.max_len={train_max_len} tokens a side (EOS included): "
                      "'beyond' buckets are longer than any of them, 'partly' ones straddle it")
+    if ratios:
+        lines.append("out/ref: the outputs' words over the references' words (below 1: outputs stop short)")
     return "\n".join(lines)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,22 +45,30 @@ def read_run(workdir: str, split: str = "test") -> dict[str, Any]:
 
 
 def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per scheme: the seeds, each bucket's mean, min and max score over them, and the runs' minutes."""
+    """Per scheme: the seeds, each bucket's mean, min and max score over them (``mean``, ``min``, ``max``),
+    the min and max of its output/reference length ratio (``length_ratio_min``, ``length_ratio_max``;
+    None where no seed has one), and the runs' minutes."""
     schemes: dict[str, dict[str, Any]] = {}
     for run in sorted(runs, key=lambda r: (r["scheme"], r["seed"])):
-        entry = schemes.setdefault(run["scheme"], {"seeds": [], "scores": [], "minutes": [],
+        entry = schemes.setdefault(run["scheme"], {"seeds": [], "scores": [], "ratios": [], "minutes": [],
                                                    "buckets": run["rows"]})
         if [r["bucket"] for r in run["rows"]] != [r["bucket"] for r in entry["buckets"]]:
             raise UserError(f"the runs of {run['scheme']!r} were scored on other length buckets; evaluate "
                             "them all with the same --length_buckets")
         entry["seeds"].append(run["seed"])
-        entry["scores"].append([np.nan if r["score"] is None else r["score"] for r in run["rows"]])
+        for key, field in (("scores", "score"), ("ratios", "length_ratio")):
+            entry[key].append([np.nan if r.get(field) is None else r[field] for r in run["rows"]])
         if run["train_seconds"] is not None:
             entry["minutes"].append(run["train_seconds"] / 60)
     for entry in schemes.values():
         scores = np.asarray(entry.pop("scores"), float)  # [seeds, buckets]
-        for name, reduce in (("mean", np.nanmean), ("min", np.nanmin), ("max", np.nanmax)):
-            entry[name] = reduce(scores, axis=0).tolist()
+        ratios = np.asarray(entry.pop("ratios"), float)
+        with warnings.catch_warnings():  # a bucket no seed scored: NaN, said once here
+            warnings.simplefilter("ignore", RuntimeWarning)
+            for name, reduce in (("mean", np.nanmean), ("min", np.nanmin), ("max", np.nanmax)):
+                entry[name] = reduce(scores, axis=0).tolist()
+            for name, reduce in (("length_ratio_min", np.nanmin), ("length_ratio_max", np.nanmax)):
+                entry[name] = [None if np.isnan(x) else float(x) for x in reduce(ratios, axis=0)]
     return schemes
 
 
@@ -75,6 +84,23 @@ def markdown_table(schemes: dict[str, dict[str, Any]]) -> str:
         cells = [f"{m:.1f} ({lo:.1f}-{hi:.1f})" for m, lo, hi in bands]
         minutes = f"{np.mean(entry['minutes']):.1f}" if entry["minutes"] else "-"
         lines.append(f"| {scheme} | {len(entry['seeds'])} | " + " | ".join(cells) + f" | {minutes} |")
+    return "\n".join(lines)
+
+
+def length_ratio_table(schemes: dict[str, dict[str, Any]]) -> str:
+    """One row per scheme: the range over its seeds of the outputs' words over the references' words, per
+    bucket (one value where the seeds agree to two decimals; "-" where none has a ratio)."""
+    buckets = next(iter(schemes.values()))["buckets"]
+    header = [b["bucket"] + (" (beyond)" if b["training"] == "beyond" else "") for b in buckets]
+    lines = ["| scheme | " + " | ".join(header) + " |", "|---|" + "---:|" * len(header)]
+    for scheme, entry in schemes.items():
+        cells = []
+        for low, high in zip(entry["length_ratio_min"], entry["length_ratio_max"], strict=True):
+            if low is None:
+                cells.append("-")
+            else:
+                cells.append(f"{low:.2f}" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}-{high:.2f}")
+        lines.append(f"| {scheme} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -99,6 +125,9 @@ def main(argv: Sequence[str]) -> None:
         raise SystemExit(f"error: {e}") from None
     os.makedirs(FLAGS.out, exist_ok=True)
     table = markdown_table(schemes)
+    if any(low is not None for e in schemes.values() for low in e["length_ratio_min"]):
+        table += ("\n\nThe outputs' words over the references' words (the seeds' range):\n\n"
+                  + length_ratio_table(schemes))
     with open(os.path.join(FLAGS.out, "report.md"), "w") as f:
         f.write(table + "\n")
     with open(os.path.join(FLAGS.out, "report.json"), "w") as f:
