@@ -105,15 +105,15 @@ def word_ratio(outputs: Sequence[Any], references: Sequence[Any]) -> float | Non
 
 
 def length_table(rows: Sequence[Mapping[str, Any]], measure: str, *, train_max_len: int | None) -> str:
-    """The rows as a plain-text table (bucket, sentences, score, training), and a last line that says what
-    "beyond" means."""
-    ratios = any(row.get("length_ratio") is not None for row in rows)
+    """The rows as a plain-text table (bucket, sentences, score, out/ref where the rows have it, training),
+    and last lines that say what "beyond" and out/ref mean."""
+    ratios = any(row["length_ratio"] is not None for row in rows)
     lines = [f"{'source tokens':>13}  {'sentences':>9}  {measure:>9}  " + ("out/ref  " if ratios else "")
              + "training",
              f"{'-' * 13}  {'-' * 9}  {'-' * 9}  " + ("-" * 7 + "  " if ratios else "") + "-" * 8]
     for row in rows:
         score = "—" if row["score"] is None else f"{row['score']:.2f}"
-        ratio = "—" if row.get("length_ratio") is None else f"{row['length_ratio']:.2f}"
+        ratio = "—" if row["length_ratio"] is None else f"{row['length_ratio']:.2f}"
         lines.append(f"{row['bucket']:>13}  {row['sentences']:>9}  {score:>9}  "
                      + (f"{ratio:>7}  " if ratios else "") + row["training"])
     if train_max_len is not None:
