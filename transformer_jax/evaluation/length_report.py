@@ -63,7 +63,7 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     for entry in schemes.values():
         scores = np.asarray(entry.pop("scores"), float)  # [seeds, buckets]
         ratios = np.asarray(entry.pop("ratios"), float)
-        with warnings.catch_warnings():  # a bucket no seed scored: NaN, said once here
+        with warnings.catch_warnings():  # a bucket no seed scored stays NaN, without a warning
             warnings.simplefilter("ignore", RuntimeWarning)
             for name, reduce in (("mean", np.nanmean), ("min", np.nanmin), ("max", np.nanmax)):
                 entry[name] = reduce(scores, axis=0).tolist()
