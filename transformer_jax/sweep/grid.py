@@ -23,6 +23,7 @@ TABLE3_GROUPS = tuple(dict.fromkeys(row.group for row in paper.TABLE3_ALL))  # b
 # A row's name is its folder's name. Filesystems take 255 bytes a name; beyond this many, or with a "/",
 # a generic grid's row is named by the items that vary and a hash of the whole name.
 MAX_ROW_NAME_BYTES = 200
+BEYOND = "beyond the paper"  # what stands in the paper's columns of a row of group E+
 
 
 @dataclasses.dataclass(frozen=True)
