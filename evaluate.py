@@ -16,7 +16,7 @@ import json
 from absl import flags, logging
 
 from transformer_jax.evaluation import by_length, ctranslate2_engine, paper, translation, workdir_scoring
-from transformer_jax.runtime import compile_cache, errors
+from transformer_jax.runtime import compile_cache, errors, provenance
 
 _WORKDIR = flags.DEFINE_string("workdir", "workdir", "A train.py workdir.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest good one).")
@@ -92,6 +92,8 @@ def main(argv):
     print(json.dumps(results, indent=1))
     print()
     print(table)
+    print(f"scored on {provenance.describe(results['provenance'])}")
+    print(f"trained on {provenance.describe(results['run_provenance'])}")
     if length_table:
         print(f"by source length ({by_length.LENGTH_UNIT}); plot: {results['by_length']['plot']}")
         print(length_table)

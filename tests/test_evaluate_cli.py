@@ -14,6 +14,7 @@ from tiny import TRAIN, TRAINED, config_with, untrained_workdir
 
 from transformer_jax import data as data_lib
 from transformer_jax.evaluation import workdir_scoring
+from transformer_jax.runtime import provenance
 from transformer_jax.runtime.errors import ConfigError, DataError, MissingFileError, UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -59,6 +60,14 @@ def test_split_scores_the_runs_final_average_by_default(workdir):
     assert json.loads(result.stdout.split("\n\n")[0])["sacrebleu"] == written["sacrebleu"]
     assert result.stdout.strip().splitlines()[-1] == (
         "scored the mean of the 3 checkpoints at steps 2, 4, 6 (the run's final_average_last=3)")
+    # Where it was scored and where it was trained, in the numbers and under the paper's table.
+    with open(os.path.join(path, provenance.FILENAME)) as f:
+        assert written["run_provenance"] == json.load(f)
+    scored_on = written["provenance"]
+    assert scored_on["matmul_peak"] == "unknown: evaluate.py measures no matmul peak"
+    assert scored_on["config_sha256"] == written["run_provenance"]["first"]["config_sha256"]
+    assert f"scored on {provenance.describe(scored_on)}" in result.stdout.splitlines()
+    assert f"trained on {provenance.describe(written['run_provenance'])}" in result.stdout.splitlines()
 
     # The same command again refuses (before decoding) instead of replacing the result silently.
     again = _evaluate(f"--workdir={path}", "--split=dev", *FAST)

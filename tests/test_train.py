@@ -13,6 +13,7 @@ from tiny import TRAIN, TRAINED, config_with, saved_state
 
 from transformer_jax import run_config
 from transformer_jax.checkpoints import restore
+from transformer_jax.runtime import provenance
 from transformer_jax.training import loop
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,7 +50,15 @@ def test_run_writes_metrics_tensorboard_checkpoints_and_final_report(uninterrupt
                 "test_multi30k_bleu", "test_sacrebleu_copy_baseline", "test_sacrebleu_lexicon_baseline"):
         assert np.isfinite(final[key]), key
     assert final["averaged_steps"] == [2, 4, 6]  # final_average_last=3: the final model is their mean
-    assert json.loads((workdir / "final.json").read_text())["test_sacrebleu"] == final["test_sacrebleu"]
+    written = json.loads((workdir / "final.json").read_text())
+    assert written["test_sacrebleu"] == final["test_sacrebleu"]
+    # Where it ran: provenance.json's history (one start), every field read (test_provenance.py checks them).
+    assert written["provenance"] == json.loads((workdir / "provenance.json").read_text())
+    record = written["provenance"]["first"]
+    assert written["provenance"]["resumes"] == [] and set(record) == set(provenance.collect())
+    assert record["config_sha256"] == provenance.config_hash(run_config.build_run_config(
+        config_with(TRAINED)).saved)
+    assert record["matmul_peak"] == "unknown: config.peak_tflops_per_device set the MFU denominator"
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     train_records = [r for r in records if "train_loss" in r]
     assert [r["step"] for r in train_records] == [2, 4, 6]
@@ -63,12 +72,14 @@ def test_run_writes_metrics_tensorboard_checkpoints_and_final_report(uninterrupt
 
 
 def test_mfu_peak_is_the_configs_or_else_measured():
-    assert loop._peak_flops(2.5) == 2.5e12
-    measured = loop._peak_flops(0.0)
+    assert loop._peak_flops(2.5) == (2.5e12, None)
+    measured, peak = loop._peak_flops(0.0)
     assert 1e9 < measured < 1e16  # a real FLOP/s figure for this device, whatever it is
+    assert measured == peak.best_flops
 
 
-def test_resume_continues_bitwise_and_profiling_changes_nothing(tmp_path, uninterrupted, capsys):
+def test_resume_continues_bitwise_and_profiling_changes_nothing(tmp_path, uninterrupted, capsys,
+                                                                 monkeypatch):
     workdir_full, _ = uninterrupted
     workdir = tmp_path / "resumed"
     # Profiling steps 2-3 must not change the numbers compared with the uninterrupted run below.
@@ -77,8 +88,17 @@ def test_resume_continues_bitwise_and_profiling_changes_nothing(tmp_path, uninte
     traces = [f for _, _, files in os.walk(workdir / "profile") for f in files]
     assert any(f.endswith(".xplane.pb") for f in traces), traces
     capsys.readouterr()
+    first_record = json.loads((workdir / "provenance.json").read_text())["first"]
+    # The resume runs on a "new host": its record is appended, the first start's is kept as it was.
+    monkeypatch.setattr(provenance, "cpu_model", lambda: "Another CPU")
     loop.train_and_evaluate(run_config.build_run_config(tiny_config(**QUICK)), str(workdir))
     assert "Resuming from step 4" in capsys.readouterr().out  # not a fresh run with the same seed
+    history = json.loads((workdir / "provenance.json").read_text())
+    assert history["first"] == first_record
+    (resume,) = history["resumes"]
+    assert resume["changed"] == {"cpu": {**first_record["cpu"], "model": "Another CPU"},  # and the config:
+                                 "config_sha256": provenance.config_hash(run_config.build_run_config(
+                                     tiny_config(**QUICK)).saved)}  # no profiling, 6 steps
     # Only the remaining steps were computed (and logged): each log step appears once.
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "train_loss" in r] == [2, 4, 6]
@@ -109,8 +129,9 @@ def test_a_preempted_run_averages_the_checkpoints_of_an_uninterrupted_one(tmp_pa
     final = loop.train_and_evaluate(run, str(workdir))
     assert "Resuming from step 3" in capsys.readouterr().out
     assert final["averaged_steps"] == [2, 4, 6]
-    assert {k: v for k, v in final.items() if k != "train_seconds"} == {
-        k: v for k, v in reference.items() if k != "train_seconds"}
+    per_run = ("train_seconds", "provenance")  # when and where it ran
+    assert {k: v for k, v in final.items() if k not in per_run} == {
+        k: v for k, v in reference.items() if k not in per_run}
     assert sorted(int(s) for s in os.listdir(workdir / "checkpoints") if s.isdigit()) == [2, 4, 6]
     assert restore.steps_to_average(restore.restore_workdir(str(workdir)), 3) == [2, 4, 6]
 

@@ -6,7 +6,9 @@
 Each workdir's run config (read from its newest checkpoint) names its scheme; its newest
 ``eval/<split>-*.json`` with a ``by_length`` entry gives its scores. Runs of one scheme are its seeds: the
 report gives per bucket their mean and their range (min-max), the training's ``data.max_len`` marked, and
-writes ``report.md`` (the table), ``report.json`` and ``report.png`` (the means, the bands shaded).
+writes ``report.md`` (the table), ``report.json`` and ``report.png`` (the means, the bands shaded). When
+the runs were trained on more than one host kind, code version or JAX version (their ``provenance.json``),
+a line above the table says which.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from absl import app, flags, logging
 from transformer_jax.checkpoints import restore
 from transformer_jax.checkpoints.reader import CheckpointReader
 from transformer_jax.evaluation import by_length
+from transformer_jax.runtime import provenance
 from transformer_jax.runtime.errors import UserError
 
 
@@ -41,7 +44,8 @@ def read_run(workdir: str, split: str = "test") -> dict[str, Any]:
     scores = json.load(open(scored[-1]))["by_length"]
     return {"scheme": config["model"]["position_encoding"], "seed": config["seed"],
             "train_max_len": config["data"]["max_len"], "train_seconds": seconds,
-            "measure": scores["measure"], "rows": scores["buckets"]}
+            "measure": scores["measure"], "rows": scores["buckets"],
+            "provenance": provenance.read(os.path.join(workdir, provenance.FILENAME))}
 
 
 def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -125,13 +129,16 @@ def main(argv: Sequence[str]) -> None:
         raise SystemExit(f"error: {e}") from None
     os.makedirs(FLAGS.out, exist_ok=True)
     table = markdown_table(schemes)
+    mixed = provenance.differences({w: run["provenance"] for w, run in zip(workdirs, runs, strict=True)})
+    if mixed:
+        table = f"**Provenance:** {mixed}\n\n{table}"
     if any(low is not None for e in schemes.values() for low in e["length_ratio_min"]):
         table += ("\n\nThe outputs' words over the references' words (the seeds' range):\n\n"
                   + length_ratio_table(schemes))
     with open(os.path.join(FLAGS.out, "report.md"), "w") as f:
         f.write(table + "\n")
     with open(os.path.join(FLAGS.out, "report.json"), "w") as f:
-        json.dump({"train_max_len": train_max_len, "schemes": schemes}, f, indent=1)
+        json.dump({"train_max_len": train_max_len, "schemes": schemes, "provenance": mixed}, f, indent=1)
     series = {s: [{**b, "score": m} for b, m in zip(e["buckets"], e["mean"], strict=True)]
               for s, e in schemes.items()}
     bands = {s: (e["min"], e["max"]) for s, e in schemes.items() if len(e["seeds"]) > 1}

@@ -33,6 +33,7 @@ from transformer_jax.evaluation.translation import Settings
 from transformer_jax.model import ensemble as ensemble_lib
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.ensemble import Ensemble
+from transformer_jax.runtime import provenance
 from transformer_jax.runtime.errors import ConfigError, MissingFileError
 from transformer_jax.runtime.output_file import OutputFile, refuse_the_input, write_stdout
 
@@ -74,7 +75,9 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
     ``<output_dir>/<name>-<step>.json`` (``evaluate_args.output_stem``: name is the split or the source
     file's base name; ``-avg<N>`` is appended when averaging); returns them with a markdown table beside
     the paper's row. Every argument, the input files and the output folder's writability are checked
-    before anything is restored, and an existing result is never replaced unless ``overwrite``.
+    before anything is restored, and an existing result is never replaced unless ``overwrite``. The
+    numbers carry ``provenance`` (this process's host, code and settings: ``runtime.provenance``) and
+    ``run_provenance`` (the training run's ``provenance.json``).
 
     Args:
       workdir: a directory written by ``train.py`` (checkpoints, tokenizer, config).
@@ -111,6 +114,7 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
     if ensemble and engine != "jax":
         raise ConfigError(f"--ensemble decodes with --engine=jax; got --engine={engine}")
     from_config = average_last is None
+    started_on = provenance.collect(peak_missing="evaluate.py measures no matmul peak")
     restored, settings, average_last = _restore(workdir, step, average_last, beam_size, alpha, max_extra_len)
     run, tokenizer, model_config = restored.run, restored.tokenizer, restored.model_config
     beam_size, alpha, max_extra_len = settings.beam_size, settings.alpha, settings.max_extra_len
@@ -153,6 +157,10 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
             steps = [averaged_steps] + [member_steps for _, member_steps in members]
             results["ensemble"] = [{"workdir": d, "averaged_steps": s}
                                    for d, s in zip((workdir, *ensemble), steps, strict=True)]
+        results["provenance"] = {**started_on, "config_sha256": provenance.config_hash(run.saved)}
+        results["run_provenance"] = (provenance.read(os.path.join(workdir, provenance.FILENAME))
+                                     or provenance.unknown(f"{workdir} has no readable {provenance.FILENAME} "
+                                                           "(trained before provenance was recorded)"))
         extra = {}
         if by_length:
             results["by_length"], extra["length_table"] = _score_by_length(

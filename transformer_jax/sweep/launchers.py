@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from transformer_jax import slurm
 from transformer_jax.evaluation import paper
 from transformer_jax.evaluation.scoring import BLEU_KEYS
+from transformer_jax.runtime import provenance
 from transformer_jax.sweep.grid import REPO_ROOT, Row, describe, format_value
 
 MANIFEST = "sweep.json"
@@ -229,12 +230,16 @@ def run_row(row: Row, row_dir: str, *, num_steps: int, bleu_protocol: str, beam_
 
 
 def result_from(name: str, changes: dict, evaluation: dict, final: dict, bleu_protocol: str) -> dict:
-    """A row's result: evaluate.py's dev scores (``dev_bleu`` under ``bleu_protocol``) and train time."""
+    """A row's result: evaluate.py's dev scores (``dev_bleu`` under ``bleu_protocol``) and train time, with
+    where the row was trained (``provenance``: its ``provenance.json``) and evaluated."""
+    missing = provenance.unknown("the row's evaluate.py recorded none")
     return {"row": name, "changes": changes, "step": evaluation["step"], "dev_ppl": evaluation["ppl"],
             "dev_bleu": evaluation[BLEU_KEYS[bleu_protocol]], "bleu_protocol": bleu_protocol,
             "dev_sacrebleu": evaluation["sacrebleu"],
             "beam_size": evaluation["beam_size"], "num_sentences": evaluation["num_sentences"],
-            "train_seconds": final["train_seconds"]}
+            "train_seconds": final["train_seconds"],
+            "provenance": evaluation.get("run_provenance", missing),
+            "evaluation_provenance": evaluation.get("provenance", missing)}
 
 
 def launch_local(rows: Sequence[Row], info: dict, workdir: str, *, beam_size: int, python: str) -> int:

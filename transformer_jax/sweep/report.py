@@ -24,6 +24,7 @@ import numpy as np
 from transformer_jax import run_config
 from transformer_jax.evaluation import paper
 from transformer_jax.model.config import param_count
+from transformer_jax.runtime import provenance
 from transformer_jax.sweep import report_plot
 from transformer_jax.sweep.grid import BEYOND, Row, describe, format_value, load_config, table3_config_arg
 from transformer_jax.sweep.launchers import (
@@ -122,6 +123,15 @@ def _load_results(workdir: str) -> tuple[dict, list[dict], list[str]]:
     return manifest, records, warnings
 
 
+def row_provenance(row_dir: str, result: dict) -> dict | None:
+    """Where a finished row was trained: its result's record, else its ``provenance.json`` (a row whose
+    launcher predates the record), else None."""
+    recorded = result.get("provenance")
+    if isinstance(recorded, dict):
+        return recorded
+    return provenance.read(os.path.join(row_dir, provenance.FILENAME))
+
+
 def build_report(workdir: str) -> dict[str, Any]:
     """Markdown, CSV rows and the per-row comparison of a sweep workdir (nothing written).
 
@@ -165,9 +175,11 @@ def build_report(workdir: str) -> dict[str, Any]:
         noise = {"seeds": base_band["seeds"], **{f"base_{kind}": base[kind] for kind in base},
                  **{f"{kind}_band": limits[kind] for kind in limits}}
     protocol = next((r["result"].get("bleu_protocol") for r in records if r["result"]), None)
-    markdown = _markdown(manifest, csv_rows, noise, protocol or "tokenized", warnings, bands)
+    mixed = provenance.differences({r["name"]: row_provenance(os.path.join(workdir, r["name"]), r["result"])
+                                    for r in records if r["result"]})
+    markdown = _markdown(manifest, csv_rows, noise, protocol or "tokenized", warnings, bands, mixed)
     return {"markdown": markdown, "rows": csv_rows, "bands": bands, "manifest": manifest, "noise": noise,
-            "warnings": warnings}
+            "warnings": warnings, "provenance": mixed}
 
 
 # A row's band in report.csv (on each of its runs) and its directions (on the run named as the row).
@@ -234,10 +246,12 @@ def _changes_text(changes: dict) -> str:
 
 
 def _markdown(manifest: dict, rows: list[dict], noise: dict | None, protocol: str,
-              warnings: Sequence[str] = (), bands: Sequence[dict] = ()) -> str:
+              warnings: Sequence[str] = (), bands: Sequence[dict] = (), mixed: str | None = None) -> str:
     is_table3, scale = manifest["grid"] == "table3", manifest["scale"]
     done = [r for r in rows if r["status"] == "done"]
     out = [f"**Warning:** {w}\n" for w in warnings]
+    if mixed:
+        out.append(f"**Provenance:** {mixed}\n")
     if is_table3:
         out.append(f"## Table 3 sweep, {scale} scale ({len(done)} of {len(rows)} rows finished)\n")
         out.append(f"Dev PPL is per subword on the run's dev split; dev BLEU is {PROTOCOL_NAMES[protocol]}. "

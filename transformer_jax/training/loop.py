@@ -7,7 +7,8 @@ state explicitly (``state, sums = trainer.train_step(state, batch)``) and logs, 
 checkpoints every N steps -> the final dev and test evaluation. What is evaluated, and how, is the
 run's task (``evaluation.tasks``: translation or parsing), chosen once in ``setup``.
 
-The loss and the pure steps are in ``steps.py``; the state and optimizer in ``train_state.py``.
+The loss and the pure steps are in ``steps.py``; the state and optimizer in ``train_state.py``. Each start
+appends where it ran to ``<workdir>/provenance.json`` (``runtime.provenance``), which ``final.json`` carries.
 
 Faults: before anything is built, a workdir with checkpoints must hold the same model config and tokenizer
 (``restore.check_workdir``). A non-finite loss, or a state with NaN/inf about to be saved, stops the run
@@ -43,7 +44,7 @@ from transformer_jax.model import flops, loss
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import PAD_ID
 from transformer_jax.run_config import RunConfig
-from transformer_jax.runtime import sharding, timing
+from transformer_jax.runtime import provenance, sharding, timing
 from transformer_jax.training import memory, steps
 from transformer_jax.training.metric_writer import MetricWriter
 from transformer_jax.training.preemption import Preempted, PreemptionGuard
@@ -72,6 +73,7 @@ class Trainer:
     state_sharding: Any
     train_step: steps.TrainStepFn  # (state, global batch) -> (state, metric sums); donates the state
     peak_flops: float  # per device: loop.peak_tflops_per_device, or the matmul peak measured at start-up
+    measured_peak: timing.Peak | None  # the peak measured at start-up; None when the config set peak_flops
     dev_batches: list  # the whole dev split: perplexity
     dev_decode_batches: list  # its first eval.eval_bleu_examples: the periodic greedy BLEU (or F1)
     final_batches: list  # eval.final_eval_split, scored after training
@@ -128,21 +130,22 @@ def setup(run: RunConfig, workdir: str) -> tuple[Trainer, TrainState, data_lib.T
         run.model, tx, mesh, rules, state_sharding, label_smoothing=run.train.label_smoothing,
         grad_accum_steps=run.train.grad_accum_steps, loss_chunk_tokens=run.train.loss_chunk_tokens)
     trainer = Trainer(run, workdir, mesh, rules, tokenizer, task_for(run.data), tx, schedule,
-                      state_sharding, train_step, _peak_flops(run.loop.peak_tflops_per_device),
+                      state_sharding, train_step, *_peak_flops(run.loop.peak_tflops_per_device),
                       *eval_batches)
     return trainer, state, train_iter
 
 
-def _peak_flops(peak_tflops_per_device: float) -> float:
-    """The MFU denominator per device: the config's figure, or else this device's measured matmul peak."""
+def _peak_flops(peak_tflops_per_device: float) -> tuple[float, timing.Peak | None]:
+    """(the MFU denominator per device, the peak measured for it): the config's figure and None, or else
+    this device's measured matmul peak."""
     if peak_tflops_per_device:
-        return peak_tflops_per_device * 1e12
+        return peak_tflops_per_device * 1e12, None
     peak = timing.matmul_peak(repeats=10)
     if jax.process_index() == 0:
         print(f"MFU is against this device's measured {peak.dtype} matmul peak: "
               f"{peak.best_flops / 1e12:.3g} TFLOP/s (best of {peak.repeats}; median "
               f"{peak.median_flops / 1e12:.3g}); set config.peak_tflops_per_device to use another.")
-    return peak.best_flops
+    return peak.best_flops, peak
 
 
 def evaluate_dev(trainer: Trainer, params) -> dict[str, float]:
@@ -290,6 +293,7 @@ def _train_locked(run: RunConfig, workdir: str, guard: PreemptionGuard) -> dict[
     with ckpt:
         restore.check_workdir(ckpt.reader, run, workdir)  # same model and tokenizer, before anything compiles
         trainer, state, train_iter = setup(run, workdir)
+        history = _record_provenance(run, trainer, workdir) if is_main else None
         state = resume(ckpt, state, train_iter)
         step = int(jax.device_get(state.step))
         final_path = os.path.join(workdir, "final.json")
@@ -325,16 +329,26 @@ def _train_locked(run: RunConfig, workdir: str, guard: PreemptionGuard) -> dict[
                 return {"preempted": True, "step": step}
             writer.write(step, {k: v for k, v in final.items() if isinstance(v, (int, float))})
     if is_main:
+        final["provenance"] = history
         with open(f"{final_path}.tmp", "w") as f:  # whole or absent: Slurm scripts read it as "done"
             json.dump(final, f, indent=1, default=str)
         os.replace(f"{final_path}.tmp", final_path)
         if run.eval.final_eval_split and jax.process_count() == 1:
             print(paper_tables.final_summary(final, run.data, run.eval))
+            print(f"Ran on {provenance.describe(history)}")
         elif jax.process_count() > 1:
             print(f"Trained with {jax.process_count()} processes; score the result with one: "
                   f"python evaluate.py --workdir={workdir}")
         print(f"All final numbers: {final_path}")
     return final
+
+
+def _record_provenance(run: RunConfig, trainer: Trainer, workdir: str) -> dict[str, Any]:
+    """Appends this start to ``<workdir>/provenance.json`` (the first start's record is kept whole);
+    returns the whole history, which ``final.json`` carries."""
+    record = provenance.collect(config=run.saved, peak=trainer.measured_peak,
+                                peak_missing="config.peak_tflops_per_device set the MFU denominator")
+    return provenance.record_start(workdir, record)
 
 
 def _final_evaluation(trainer: Trainer, state: TrainState, step: int, started: float,
