@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_output_file import unwritable_folders
 
 from transformer_jax.benchmarks import gpu_check, gpu_check_runs, gpu_check_steps
 from transformer_jax.model import fused_attention
@@ -75,6 +76,19 @@ def test_a_failing_step_is_a_row_and_the_next_one_runs(monkeypatch, tmp_path):
     assert not gpu_check.all_passed(rows)
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert [s["status"] for s in report["steps"]] == ["fail", "pass"] + ["not run"] * 4
+
+
+def test_an_out_folder_that_cannot_be_written_is_one_line_before_any_step(monkeypatch, tmp_path):
+    ran, lines = [], []
+    monkeypatch.setitem(gpu_check.STEP_FUNCTIONS, "devices",
+                        lambda options, earlier: ran.append(1) or ("", {}))
+    with unwritable_folders(tmp_path) as cases:
+        for folder, reason in cases:
+            with pytest.raises(ConfigError) as error:
+                gpu_check.run_checks(gpu_check.Options(out=folder, quick=True), only=("devices",),
+                                     isolate=False, say=lines.append)
+            assert str(error.value) == f"--out={folder}: {reason}; choose another --out"
+    assert ran == lines == []
 
 
 def test_a_step_past_its_time_box_fails_in_process_and_isolated(monkeypatch, tmp_path):

@@ -14,6 +14,7 @@ import time
 
 import pytest
 from absl import flags
+from test_output_file import unwritable_folders
 
 from configs import table3, wmt14_en_de_base
 from transformer_jax.evaluation import paper
@@ -526,6 +527,19 @@ def test_a_seed_override_runs_every_row_with_it_and_is_refused_beside_seed_rows(
     script = (tmp_path / "slurm" / "sweep.sbatch").read_text()
     assert "--rows=base,E-learned-pos --base_seeds=1 --seeds=1" in script  # every task rebuilds these rows
     assert run("--grid", "model.num_heads=2,4", "--base_seeds", "2", "--workdir", str(tmp_path / "g")) == 1
+
+
+def test_a_workdir_that_cannot_be_written_is_one_line_before_anything_runs(tmp_path, monkeypatch, capsys):
+    runner = FakeRunner()
+    monkeypatch.setattr(launchers, "run_command", runner)
+    with unwritable_folders(tmp_path) as cases:
+        for folder, reason in cases:
+            for launcher in ("local", "slurm"):
+                assert run("--rows", "E", "--scale", "cpu", "--base_seeds", "1", "--workdir", folder,
+                           "--launcher", launcher) == 1
+                assert capsys.readouterr().err.splitlines()[0] == (
+                    f"error: --workdir={folder}: {reason}; choose another --workdir")
+    assert runner.commands == []
 
 
 def test_report_reads_rows_run_by_hand(tmp_path, capsys):

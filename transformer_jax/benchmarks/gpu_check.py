@@ -56,7 +56,7 @@ from transformer_jax.benchmarks.gpu_check_steps import (
     step_fused_attention,
     step_matmul_peak,
 )
-from transformer_jax.runtime import errors
+from transformer_jax.runtime import errors, output_file
 from transformer_jax.runtime.errors import ConfigError
 
 STEP_FUNCTIONS: dict[str, Callable[[Options, dict[str, Row]], tuple[str, dict]]] = {
@@ -173,8 +173,9 @@ def _last_line(path: str) -> str:
 def run_checks(options: Options, *, only: tuple[str, ...] = STEPS, isolate: bool = True,
                say: Callable[[str], None] = print) -> list[Row]:
     """Runs the steps in order (each in its own process unless ``isolate`` is False); writes the JSON and
-    the Markdown; returns the rows. A step not in ``only`` is a "not run" row that says so."""
-    os.makedirs(options.out, exist_ok=True)
+    the Markdown; returns the rows. A step not in ``only`` is a "not run" row that says so. ConfigError
+    before any step when ``options.out`` cannot be made or written."""
+    output_file.check_folder(options.out, flag="--out")
     rows: dict[str, Row] = {}
     for index, name in enumerate(STEPS, 1):
         if name not in only:

@@ -20,7 +20,7 @@ from absl import app, flags
 
 from transformer_jax import slurm
 from transformer_jax.evaluation import paper
-from transformer_jax.runtime import errors
+from transformer_jax.runtime import errors, output_file
 from transformer_jax.sweep import grid, launchers, report
 
 COMMANDS = ("launch", "report", "params")
@@ -131,6 +131,7 @@ def _run(command: str, f: flags.FlagValues) -> int:
         print(report.params_table(rows, info))
         return 0
     workdir = os.path.abspath(f.workdir or ("runs/table3" if f.grid == "table3" else "runs/sweep"))
+    output_file.check_folder(workdir, flag="--workdir")  # before anything is written or run
     scale = (f.scale or "paper") if f.grid == "table3" else None
     config_arg = None if f.grid == "table3" else grid.command_config_arg(f.config)
     if f.launcher == "slurm":
