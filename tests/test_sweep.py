@@ -667,6 +667,8 @@ def test_a_row_name_that_cannot_be_a_folder_fails_before_anything_is_written(tmp
 @pytest.mark.parametrize("content, problem", [
     ('{"row": "base", "dev_pp', "does not read (Unterminated string"),
     ("{}", "is not a result (it lacks step, dev_ppl, dev_bleu)"),
+    ('{"step": 300, "dev_ppl": Infinity, "dev_bleu": NaN}', "holds no scores (dev_ppl=inf, dev_bleu=nan: "
+                                                            "expected finite numbers; a run that diverged"),
 ])
 def test_a_result_that_does_not_read_is_named_and_the_row_evaluated_again(tmp_path, monkeypatch, capsys,
                                                                           content, problem):
