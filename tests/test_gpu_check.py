@@ -3,6 +3,7 @@ failing, hanging or impossible step is a row that says why, and the next step ru
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -100,6 +101,52 @@ def test_a_step_past_its_time_box_fails_in_process_and_isolated(monkeypatch, tmp
     row = gpu_check.run_isolated("devices", options, {})
     assert row.status == "fail"
     assert row.summary.startswith("did not finish within its 0.2 s time box (killed)")
+
+
+def _step_process(out) -> int | None:
+    """The pid of a running (not zombie) step process of the check writing to ``out``, if any."""
+    for entry in os.listdir("/proc"):
+        try:
+            command = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        ours = f"--out={out}".encode() in command and any(a.startswith(b"--step=") for a in command)
+        if ours and state != "Z":
+            return int(entry)
+    return None
+
+
+def test_ctrl_c_ends_the_steps_process_and_is_one_line(tmp_path):
+    out = tmp_path / "check"
+    check = subprocess.Popen([sys.executable, "-m", "transformer_jax.benchmarks.gpu_check", "--quick",
+                              "--only=5", f"--out={out}"], cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    step = None
+    try:
+        began = time.monotonic()
+        while step is None and check.poll() is None and time.monotonic() - began < 60:
+            step = _step_process(out)
+            time.sleep(0.05)
+        assert step is not None, "the step's process did not start"
+        check.send_signal(signal.SIGINT)  # what Ctrl-C sends; the step, in its own session, gets none
+        stdout, stderr = check.communicate(timeout=60)
+        assert check.returncode == 128 + signal.SIGINT, stdout + stderr
+        assert "Traceback" not in stdout + stderr and stderr == "", stderr
+        assert stdout.splitlines()[-1] == (
+            f"Stopped by SIGINT at step 5 (train and decode): its process was ended; the steps before it are "
+            f"in {out / 'gpu_check.md'}. Run the same command again to check again.")
+        assert _step_process(out) is None  # ended, not left running
+        report = json.loads((out / "gpu_check.json").read_text())
+        assert [(s["status"], s["summary"]) for s in report["steps"][4:]] == [
+            ("fail", "stopped by SIGINT before it finished (its process was ended)"),
+            ("not run", "stopped by SIGINT before it started")]
+    finally:
+        if check.poll() is None:
+            check.kill()
+            check.wait()
+        if step and _step_process(out) == step:  # the old behaviour: the step ran on after the check died
+            os.kill(step, signal.SIGKILL)
 
 
 def test_without_an_accelerator_the_full_check_fails_step_1_and_says_why_for_the_rest(tmp_path):
