@@ -3,12 +3,14 @@ failing, hanging or impossible step is a row that says why, and the next step ru
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from test_output_file import unwritable_folders
 
 from transformer_jax.benchmarks import gpu_check, gpu_check_runs, gpu_check_steps
 from transformer_jax.model import fused_attention
@@ -77,6 +79,19 @@ def test_a_failing_step_is_a_row_and_the_next_one_runs(monkeypatch, tmp_path):
     assert [s["status"] for s in report["steps"]] == ["fail", "pass"] + ["not run"] * 4
 
 
+def test_an_out_folder_that_cannot_be_written_is_one_line_before_any_step(monkeypatch, tmp_path):
+    ran, lines = [], []
+    monkeypatch.setitem(gpu_check.STEP_FUNCTIONS, "devices",
+                        lambda options, earlier: ran.append(1) or ("", {}))
+    with unwritable_folders(tmp_path) as cases:
+        for folder, reason in cases:
+            with pytest.raises(ConfigError) as error:
+                gpu_check.run_checks(gpu_check.Options(out=folder, quick=True), only=("devices",),
+                                     isolate=False, say=lines.append)
+            assert str(error.value) == f"--out={folder}: {reason}; choose another --out"
+    assert ran == lines == []
+
+
 def test_a_step_past_its_time_box_fails_in_process_and_isolated(monkeypatch, tmp_path):
     monkeypatch.setitem(gpu_check.STEP_FUNCTIONS, "devices", lambda options, earlier: time.sleep(30))
     options = gpu_check.Options(out=str(tmp_path), quick=True, time_boxes={"devices": 0.2})
@@ -86,6 +101,52 @@ def test_a_step_past_its_time_box_fails_in_process_and_isolated(monkeypatch, tmp
     row = gpu_check.run_isolated("devices", options, {})
     assert row.status == "fail"
     assert row.summary.startswith("did not finish within its 0.2 s time box (killed)")
+
+
+def _step_process(out) -> int | None:
+    """The pid of a running (not zombie) step process of the check writing to ``out``, if any."""
+    for entry in os.listdir("/proc"):
+        try:
+            command = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        ours = f"--out={out}".encode() in command and any(a.startswith(b"--step=") for a in command)
+        if ours and state != "Z":
+            return int(entry)
+    return None
+
+
+def test_ctrl_c_ends_the_steps_process_and_is_one_line(tmp_path):
+    out = tmp_path / "check"
+    check = subprocess.Popen([sys.executable, "-m", "transformer_jax.benchmarks.gpu_check", "--quick",
+                              "--only=5", f"--out={out}"], cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    step = None
+    try:
+        began = time.monotonic()
+        while step is None and check.poll() is None and time.monotonic() - began < 60:
+            step = _step_process(out)
+            time.sleep(0.05)
+        assert step is not None, "the step's process did not start"
+        check.send_signal(signal.SIGINT)  # what Ctrl-C sends; the step, in its own session, gets none
+        stdout, stderr = check.communicate(timeout=60)
+        assert check.returncode == 128 + signal.SIGINT, stdout + stderr
+        assert "Traceback" not in stdout + stderr and stderr == "", stderr
+        assert stdout.splitlines()[-1] == (
+            f"Stopped by SIGINT at step 5 (train and decode): its process was ended; the steps before it are "
+            f"in {out / 'gpu_check.md'}. Run the same command again to check again.")
+        assert _step_process(out) is None  # ended, not left running
+        report = json.loads((out / "gpu_check.json").read_text())
+        assert [(s["status"], s["summary"]) for s in report["steps"][4:]] == [
+            ("fail", "stopped by SIGINT before it finished (its process was ended)"),
+            ("not run", "stopped by SIGINT before it started")]
+    finally:
+        if check.poll() is None:
+            check.kill()
+            check.wait()
+        if step and _step_process(out) == step:  # the old behaviour: the step ran on after the check died
+            os.kill(step, signal.SIGKILL)
 
 
 def test_without_an_accelerator_the_full_check_fails_step_1_and_says_why_for_the_rest(tmp_path):

@@ -17,7 +17,7 @@ import pytest
 
 from transformer_jax.evaluation import evaluate_args
 from transformer_jax.runtime import output_file
-from transformer_jax.runtime.errors import UserError
+from transformer_jax.runtime.errors import ConfigError, UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -125,3 +125,36 @@ def test_a_filesystem_without_locks_runs_unclaimed_with_a_warning(tmp_path, monk
     with output_file.claim(str(tmp_path / ".out.claim")):
         pass
     assert "two runs writing the same outputs at once are not detected" in caplog.text
+
+
+@contextlib.contextmanager
+def unwritable_folders(tmp_path):
+    """``[(folder, what the one-line error says of it)]`` for output folders that cannot be made or written:
+    one under a file; one on a read-only tmpfs (as root where mount works), else in a folder without write
+    permission (not as root, which writes anyway)."""
+    (tmp_path / "a_file").write_text("x")
+    cases = [(str(tmp_path / "a_file" / "out"), f"{tmp_path / 'a_file'} is a file, not a folder")]
+    point = tmp_path / "read_only"
+    point.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(point)]
+    mounted = os.geteuid() == 0 and subprocess.run(mount, capture_output=True).returncode == 0
+    if mounted:
+        cases.append((str(point / "out"), "cannot write there (Read-only file system)"))
+    elif os.geteuid() != 0:
+        point.chmod(0o555)
+        cases.append((str(point / "out"), "cannot write there (Permission denied)"))
+    try:
+        yield cases
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(point)])
+
+
+def test_an_output_folder_that_cannot_be_written_is_one_line_naming_the_flag(tmp_path):
+    with unwritable_folders(tmp_path) as cases:
+        for folder, reason in cases:
+            with pytest.raises(ConfigError) as error:
+                output_file.check_folder(folder, flag="--out")
+            assert str(error.value) == f"--out={folder}: {reason}; choose another --out"
+    output_file.check_folder(str(tmp_path / "new" / "out"), flag="--out")  # made, parents included
+    assert os.listdir(tmp_path / "new" / "out") == []  # the probe is gone

@@ -14,6 +14,7 @@ import time
 
 import pytest
 from absl import flags
+from test_output_file import unwritable_folders
 
 from configs import table3, wmt14_en_de_base
 from transformer_jax.evaluation import paper
@@ -509,13 +510,36 @@ def test_an_override_of_a_field_no_chosen_row_sets_shrinks_every_row(tmp_path, c
     assert all("--config.model.d_model=16" in c and "--config.train.num_steps=50" in c for c in commands)
 
 
-def test_a_seed_override_is_refused_beside_seed_rows(tmp_path, capsys):
-    assert run("--rows", "E", "--scale", "cpu", "--override", "seed=5", "--workdir", str(tmp_path / "s"),
-               "--launcher", "print") == 1
-    assert "conflicts with the rows' own seeds" in capsys.readouterr().err
-    assert run("--rows", "E", "--scale", "cpu", "--base_seeds", "1", "--override", "seed=5", "--workdir",
-               str(tmp_path / "s"), "--launcher", "print") == 0
-    assert capsys.readouterr().out.count("--config.seed=5") == 2
+def test_a_seed_override_runs_every_row_with_it_and_is_refused_beside_seed_rows(tmp_path, capsys):
+    # The base row that is added runs with the one seed too: --base_seeds defaults to 1 beside seed=N.
+    assert run("--rows", "E+", "--scale", "cpu", "--override", "seed=5", "--workdir", str(tmp_path / "s"),
+               "--launcher", "print") == 0
+    trains = [line for line in capsys.readouterr().out.splitlines() if line.startswith("python train.py")]
+    assert len(trains) == 5 and all("--config.seed=5" in line for line in trains)  # base and 4 E+ rows
+    assert run("params", "--rows", "E+", "--scale", "cpu", "--base_seeds", "3", "--override", "seed=5") == 0
+    for extra, row in ((("--base_seeds", "2"), "base-seed1"), (("--seeds", "2"), "E-learned-pos-seed1")):
+        assert run("--rows", "E", "--scale", "cpu", *extra, "--override", "seed=5", "--workdir",
+                   str(tmp_path / "x"), "--launcher", "print") == 1
+        assert f"--override=seed=5 conflicts with the seed of row {row} (--base_seeds, --seeds)" in (
+            capsys.readouterr().err)
+    assert run("--rows", "E", "--scale", "cpu", "--launcher", "slurm", "--override", "seed=5", "--workdir",
+               str(tmp_path / "slurm")) == 0
+    script = (tmp_path / "slurm" / "sweep.sbatch").read_text()
+    assert "--rows=base,E-learned-pos --base_seeds=1 --seeds=1" in script  # every task rebuilds these rows
+    assert run("--grid", "model.num_heads=2,4", "--base_seeds", "2", "--workdir", str(tmp_path / "g")) == 1
+
+
+def test_a_workdir_that_cannot_be_written_is_one_line_before_anything_runs(tmp_path, monkeypatch, capsys):
+    runner = FakeRunner()
+    monkeypatch.setattr(launchers, "run_command", runner)
+    with unwritable_folders(tmp_path) as cases:
+        for folder, reason in cases:
+            for launcher in ("local", "slurm"):
+                assert run("--rows", "E", "--scale", "cpu", "--base_seeds", "1", "--workdir", folder,
+                           "--launcher", launcher) == 1
+                assert capsys.readouterr().err.splitlines()[0] == (
+                    f"error: --workdir={folder}: {reason}; choose another --workdir")
+    assert runner.commands == []
 
 
 def test_report_reads_rows_run_by_hand(tmp_path, capsys):
@@ -643,6 +667,8 @@ def test_a_row_name_that_cannot_be_a_folder_fails_before_anything_is_written(tmp
 @pytest.mark.parametrize("content, problem", [
     ('{"row": "base", "dev_pp', "does not read (Unterminated string"),
     ("{}", "is not a result (it lacks step, dev_ppl, dev_bleu)"),
+    ('{"step": 300, "dev_ppl": Infinity, "dev_bleu": NaN}', "holds no scores (dev_ppl=inf, dev_bleu=nan: "
+                                                            "expected finite numbers; a run that diverged"),
 ])
 def test_a_result_that_does_not_read_is_named_and_the_row_evaluated_again(tmp_path, monkeypatch, capsys,
                                                                           content, problem):

@@ -96,6 +96,60 @@ def test_report_from_fake_results(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
+def test_a_diverged_row_is_named_and_the_report_is_written_whole(tmp_path, capsys):
+    _fake_sweep(tmp_path, {"base": (10.0, 20.0), "A-heads1": (float("nan"), 18.0),
+                           "A-heads4": (float("inf"), 19.0)})
+    (tmp_path / "report.png").write_text("an earlier report's plot")
+    assert run("report", "--workdir", str(tmp_path)) == 0
+    markdown = (tmp_path / "report.md").read_text()
+    for row, value in (("A-heads1", "nan"), ("A-heads4", "inf")):
+        warning = (f"**Warning:** row {row}: {tmp_path / row / 'result.json'} holds no scores "
+                   f"(dev_ppl={value}: expected finite numbers; a run that diverged has none); it counts as "
+                   "not finished")
+        assert warning in markdown
+    assert "(1 of 3 rows finished)" in markdown
+    assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # drawn anew
+    assert sorted(os.listdir(tmp_path)) == ["A-heads1", "A-heads4", "base", "report.csv", "report.md",
+                                            "report.png", "sweep.json"]
+
+
+def test_a_plot_that_fails_replaces_none_of_the_report(tmp_path, monkeypatch):
+    _fake_sweep(tmp_path, {"base": (10.0, 20.0)})
+    for ext in ("md", "csv", "png"):
+        (tmp_path / f"report.{ext}").write_text("earlier")
+
+    def fail(report_, path):
+        open(path, "w").close()
+        raise RuntimeError("the plot failed")
+
+    monkeypatch.setattr(report.report_plot, "plot_report", fail)
+    with pytest.raises(RuntimeError, match="the plot failed"):
+        report.write_report(str(tmp_path))
+    assert [(tmp_path / f"report.{ext}").read_text() for ext in ("md", "csv", "png")] == ["earlier"] * 3
+    assert sorted(os.listdir(tmp_path)) == ["base", "report.csv", "report.md", "report.png", "sweep.json"]
+
+
+@pytest.mark.parametrize("manifest, problem", [
+    ('{"grid": "table3", "rows": [', "does not read (JSONDecodeError: "),
+    ("[]", "is not a sweep's manifest: a JSON list, not an object"),
+    ('{"grid": "table3", "rows": []}', "is not a sweep's manifest: it lacks scale, config"),
+    ('{"grid": "table3", "scale": "cpu", "config": null, "rows": [{"name": "base"}]}',
+     "is not a sweep's manifest: row base has no changes, params, num_steps"),
+    ('{"grid": "table3", "scale": "cpu", "config": null, "rows": [{"name": "Z", "changes": {}, "params": 1, '
+     '"num_steps": 5}]}', "is not a sweep's manifest: row Z names no Table 3 row"),
+])
+def test_a_malformed_manifest_is_one_line_naming_it_in_report_and_launch(tmp_path, capsys, manifest, problem):
+    (tmp_path / "sweep.json").write_text(manifest)
+    launch = ("--rows", "base", "--scale", "cpu", "--base_seeds", "1", "--launcher", "print")
+    for args in (("report",), launch):
+        assert run(*args, "--workdir", str(tmp_path)) == 1
+        err = capsys.readouterr().err.splitlines()
+        assert err[0].startswith(f"error: {tmp_path / 'sweep.json'} {problem}") and len(err) == 2, err
+        assert err[0].endswith("; move it away and launch the sweep again to write it anew (finished rows "
+                               "keep their result.json and are not run again)")
+    assert sorted(os.listdir(tmp_path)) == ["sweep.json"]
+
+
 def test_report_without_base_has_no_direction_table(tmp_path):
     _fake_sweep(tmp_path, {"A-heads1": (11.0, 18.0)})
     result = report.write_report(str(tmp_path))

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from test_output_file import unwritable_folders
 
 from transformer_jax import wheelhouse
 from transformer_jax.runtime import errors
@@ -120,6 +121,17 @@ def test_build_downloads_only_what_the_node_lacks_and_always_the_project(tmp_pat
                                                    "transformer_jax-0.1.0-py3-none-any.whl"]
     assert any(line.startswith(f"{tmp_path / 'wh'}: 3 wheels") for line in lines)
     assert any("left out, the node has them: jax, jaxlib" in line for line in lines)
+
+
+def test_an_out_folder_that_cannot_be_written_is_one_line_before_anything_is_built(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(wheelhouse, "_pip", _fake_pip(calls, {"transformer_jax": "0.1.0"}))
+    with unwritable_folders(tmp_path) as cases:
+        for folder, reason in cases:
+            with pytest.raises(errors.ConfigError) as error:
+                wheelhouse.build(python_version="3.12", out=folder, have={}, say=print)
+            assert str(error.value) == f"--out={folder}: {reason}; choose another --out"
+    assert calls == []
 
 
 def test_cli_missing_freeze_file_is_one_line(tmp_path):

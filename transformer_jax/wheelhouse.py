@@ -31,7 +31,7 @@ import tempfile
 
 from absl import flags
 
-from transformer_jax.runtime import errors
+from transformer_jax.runtime import errors, output_file
 from transformer_jax.runtime.errors import ConfigError, UserError
 
 # Dependencies (direct or not) that PyPI ships only as a source archive, all pure Python: built here.
@@ -217,11 +217,12 @@ def folder_size(path: str) -> tuple[int, list[tuple[int, str]]]:
 
 def build(*, python_version: str, out: str, have: dict[str, NodePackage], glibc: str = DEFAULT_GLIBC,
           arch: str = "x86_64", extras: tuple[str, ...] = (), project: str = _ROOT, say=print) -> Plan:
-    """Builds the wheelhouse in ``out`` (created; wheels already there are kept) and returns its plan."""
+    """Builds the wheelhouse in ``out`` (created; wheels already there are kept) and returns its plan.
+    ConfigError, before anything is built, when ``out`` cannot be made or written."""
     check_python_version(python_version)
     have = {name: package for name, package in have.items() if name != PROJECT}  # always carried
     target = [f"--python-version={python_version}"] + [f"--platform={t}" for t in platform_tags(glibc, arch)]
-    os.makedirs(out, exist_ok=True)
+    output_file.check_folder(out, flag="--out")
     with tempfile.TemporaryDirectory(prefix="wheelhouse-") as work:
         local = os.path.join(work, "local")  # wheels built here: the project's and PURE_SDISTS
         os.makedirs(local)

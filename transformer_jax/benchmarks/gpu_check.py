@@ -56,7 +56,7 @@ from transformer_jax.benchmarks.gpu_check_steps import (
     step_fused_attention,
     step_matmul_peak,
 )
-from transformer_jax.runtime import errors
+from transformer_jax.runtime import errors, output_file
 from transformer_jax.runtime.errors import ConfigError
 
 STEP_FUNCTIONS: dict[str, Callable[[Options, dict[str, Row]], tuple[str, dict]]] = {
@@ -118,12 +118,52 @@ def _rows_from_json(data: dict) -> dict[str, Row]:
     return {name: Row(**row) for name, row in data.items()}
 
 
+# SIGINT / SIGTERM during a check. A step's process runs in its own session, so that a Ctrl-C at the terminal
+# reaches only the check; the check ends the step's process group and runs no further step.
+_stopped_by: str | None = None  # "SIGINT" / "SIGTERM" once one arrived during run_checks
+_running: subprocess.Popen | None = None  # the step's process while it runs
+STOPPED = "stopped by"  # how a row the stop cut short or left out begins
+
+
+def _end_group(child: subprocess.Popen) -> None:
+    """SIGKILL to ``child``'s process group (the step and anything it started)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def _stopping():
+    """Within the block, SIGINT and SIGTERM set ``_stopped_by`` and end the running step's process group
+    (main thread only; elsewhere the block changes nothing)."""
+    global _stopped_by
+    _stopped_by = None
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        del frame
+        global _stopped_by
+        _stopped_by = _stopped_by or signal.Signals(signum).name
+        if _running is not None:
+            _end_group(_running)
+
+    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def _log_path(options: Options, name: str) -> str:
     return os.path.join(options.out, "logs", f"{STEPS.index(name) + 1}-{name}.log")
 
 
 def run_isolated(name: str, options: Options, earlier: dict[str, Row]) -> Row:
-    """Runs one step in a child process, killed at its time box; its output goes to ``<out>/logs/``."""
+    """Runs one step in a child process, killed at its time box or when SIGINT / SIGTERM stops the check
+    (``_stopping``); its output goes to ``<out>/logs/``."""
+    global _running
     index, box = STEPS.index(name) + 1, options.time_box(name)
     os.makedirs(os.path.join(options.out, "logs"), exist_ok=True)
     earlier_path = os.path.join(options.out, "logs", f"earlier-{index}.json")
@@ -140,15 +180,22 @@ def run_isolated(name: str, options: Options, earlier: dict[str, Row]) -> Row:
     with open(_log_path(options, name), "w") as log:
         child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                  stdin=subprocess.DEVNULL)
+        _running = child
         try:
+            if _stopped_by:  # the signal came while the process started
+                _end_group(child)
             code = child.wait(timeout=box)
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, signal.SIGKILL)
+            _end_group(child)
             child.wait()
             return Row(index, name, FAIL, f"did not finish within its {box:g} s time box (killed); its "
                        f"output: {_log_path(options, name)}", seconds=time.time() - started)
+        finally:
+            _running = None
     seconds = time.time() - started
+    if _stopped_by:
+        return Row(index, name, FAIL, f"{STOPPED} {_stopped_by} before it finished (its process was ended)",
+                   seconds=seconds)
     if os.path.exists(result_path):
         with open(result_path) as f:
             row = Row(**json.load(f))
@@ -173,18 +220,27 @@ def _last_line(path: str) -> str:
 def run_checks(options: Options, *, only: tuple[str, ...] = STEPS, isolate: bool = True,
                say: Callable[[str], None] = print) -> list[Row]:
     """Runs the steps in order (each in its own process unless ``isolate`` is False); writes the JSON and
-    the Markdown; returns the rows. A step not in ``only`` is a "not run" row that says so."""
-    os.makedirs(options.out, exist_ok=True)
+    the Markdown; returns the rows. A step not in ``only`` is a "not run" row that says so. ConfigError
+    before any step when ``options.out`` cannot be made or written.
+
+    SIGINT or SIGTERM ends the running step's process (a "fail" row that says so); the steps after it are
+    "not run", the reports are written, and ``_stopped_by`` names the signal."""
+    output_file.check_folder(options.out, flag="--out")
     rows: dict[str, Row] = {}
-    for index, name in enumerate(STEPS, 1):
-        if name not in only:
-            rows[name] = Row(index, name, NOT_RUN, "left out by --only")
-        else:
-            say(f"[{index}/{len(STEPS)}] {TITLES[name]} (time box {options.time_box(name):g} s) ...")
-            rows[name] = (run_isolated if isolate else run_step)(name, options, rows)
-        row = rows[name]
-        say(f"[{index}/{len(STEPS)}] {row.title}: {row.status.upper()} ({row.seconds:.1f} s) {row.summary}")
-    write_reports(list(rows.values()), options)
+    with _stopping():
+        for index, name in enumerate(STEPS, 1):
+            if _stopped_by:
+                rows[name] = Row(index, name, NOT_RUN, f"{STOPPED} {_stopped_by} before it started")
+            elif name not in only:
+                rows[name] = Row(index, name, NOT_RUN, "left out by --only")
+            else:
+                say(f"[{index}/{len(STEPS)}] {TITLES[name]} (time box {options.time_box(name):g} s) ...")
+                rows[name] = (run_isolated if isolate else run_step)(name, options, rows)
+            row = rows[name]
+            if not _stopped_by:  # a stop is said once, by the caller
+                say(f"[{index}/{len(STEPS)}] {row.title}: {row.status.upper()} ({row.seconds:.1f} s) "
+                    f"{row.summary}")
+        write_reports(list(rows.values()), options)
     return list(rows.values())
 
 
@@ -300,10 +356,17 @@ def main(argv: list[str]) -> None:
         return
     only = _parse_only(values.only)
     rows = run_checks(options, only=only, say=lambda line: print(line, flush=True))
+    json_path, md_path = (os.path.join(options.out, f"gpu_check.{ext}") for ext in ("json", "md"))
+    if _stopped_by:
+        cut = next(r for r in rows if r.summary.startswith(STOPPED))
+        print(f"Stopped by {_stopped_by} at step {cut.index} ({cut.title}): "
+              + ("its process was ended" if cut.status == FAIL else "it did not start")
+              + f"; the steps before it are in {md_path}. Run the same command again to check again.",
+              flush=True)
+        sys.exit(128 + signal.Signals[_stopped_by].value)
     print()
     print(header(rows, options))
     print(table(rows))
-    json_path, md_path = (os.path.join(options.out, f"gpu_check.{ext}") for ext in ("json", "md"))
     print(f"\nwritten: {json_path}, {md_path}; each step's output in {os.path.join(options.out, 'logs')}/")
     if not all_passed(rows):
         sys.exit(1)

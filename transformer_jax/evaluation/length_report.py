@@ -26,7 +26,7 @@ from absl import app, flags, logging
 from transformer_jax.checkpoints import restore
 from transformer_jax.checkpoints.reader import CheckpointReader
 from transformer_jax.evaluation import by_length
-from transformer_jax.runtime import provenance
+from transformer_jax.runtime import errors, provenance
 from transformer_jax.runtime.errors import UserError
 
 
@@ -35,30 +35,54 @@ def read_run(workdir: str, split: str = "test") -> dict[str, Any]:
     (``rows``: its buckets, as ``by_length.score_by_length`` gives them)."""
     _, config, _ = CheckpointReader(restore.checkpoint_dir(workdir)).saved_info()
     results = sorted(glob.glob(os.path.join(workdir, "eval", f"{split}-*.json")), key=os.path.getmtime)
-    scored = [path for path in results if "by_length" in json.load(open(path))]
-    if not scored:
-        raise UserError(f"{workdir}: no eval/{split}-*.json with scores by length; run "
-                        f"python evaluate.py --workdir={workdir} --by_length first")
+    records = [(path, _read_json(path)) for path in results]
+    scored = [(path, record) for path, record in records if "by_length" in record]
+    own = [(path, record) for path, record in scored if "ensemble" not in record]
+    if not own:
+        ensembles = f" ({len(scored)} scored an ensemble, not this run alone)" if scored else ""
+        raise UserError(f"{workdir}: no eval/{split}-*.json with this run's scores by length{ensembles}; "
+                        f"run python evaluate.py --workdir={workdir} --by_length first")
     final = os.path.join(workdir, "final.json")
-    seconds = json.load(open(final)).get("train_seconds") if os.path.exists(final) else None
-    scores = json.load(open(scored[-1]))["by_length"]
+    seconds = _read_json(final).get("train_seconds") if os.path.exists(final) else None
+    scores = own[-1][1]["by_length"]
     return {"scheme": config["model"]["position_encoding"], "seed": config["seed"],
             "train_max_len": config["data"]["max_len"], "train_seconds": seconds,
             "measure": scores["measure"], "rows": scores["buckets"],
             "provenance": provenance.read(os.path.join(workdir, provenance.FILENAME))}
 
 
+def _read_json(path: str) -> dict[str, Any]:
+    """The JSON object in ``path``; UserError naming the file when it does not read (cut short, not JSON)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path} does not read ({errors.short_error(e)}); evaluate the run again (python "
+                        "evaluate.py --by_length --overwrite) or move the file away") from None
+    if not isinstance(record, dict):
+        raise UserError(f"{path} holds a JSON {type(record).__name__}, not evaluate.py's record; evaluate "
+                        "the run again (python evaluate.py --by_length --overwrite) or move the file away")
+    return record
+
+
 def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per scheme: the seeds, each bucket's mean, min and max score over them (``mean``, ``min``, ``max``),
-    the min and max of its output/reference length ratio (``length_ratio_min``, ``length_ratio_max``;
-    None where no seed has one), and the runs' minutes."""
+    the min and max of its output/reference length ratio (``length_ratio_min``, ``length_ratio_max``),
+    None where no seed has one (an empty bucket), and the runs' minutes.
+
+    UserError, naming two runs, unless every run was scored on the same buckets: the tables and the plot
+    put every scheme's cells under one header."""
     schemes: dict[str, dict[str, Any]] = {}
-    for run in sorted(runs, key=lambda r: (r["scheme"], r["seed"])):
+    runs = sorted(runs, key=lambda r: (r["scheme"], r["seed"]))
+    for run in runs:
+        labels, first = [r["bucket"] for r in run["rows"]], [r["bucket"] for r in runs[0]["rows"]]
+        if labels != first:
+            raise UserError(f"{_run_name(run)} was scored on the length buckets {', '.join(labels)}, "
+                            f"{_run_name(runs[0])} on {', '.join(first)}; evaluate every run with the same "
+                            "--length_buckets (python evaluate.py --by_length --length_buckets=... "
+                            "--overwrite)")
         entry = schemes.setdefault(run["scheme"], {"seeds": [], "scores": [], "ratios": [], "minutes": [],
                                                    "buckets": run["rows"]})
-        if [r["bucket"] for r in run["rows"]] != [r["bucket"] for r in entry["buckets"]]:
-            raise UserError(f"the runs of {run['scheme']!r} were scored on other length buckets; evaluate "
-                            "them all with the same --length_buckets")
         entry["seeds"].append(run["seed"])
         for key, field in (("scores", "score"), ("ratios", "length_ratio")):
             entry[key].append([np.nan if r.get(field) is None else r[field] for r in run["rows"]])
@@ -67,17 +91,22 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     for entry in schemes.values():
         scores = np.asarray(entry.pop("scores"), float)  # [seeds, buckets]
         ratios = np.asarray(entry.pop("ratios"), float)
-        with warnings.catch_warnings():  # a bucket no seed scored stays NaN, without a warning
+        with warnings.catch_warnings():  # a bucket no seed scored (empty) is None, without a warning
             warnings.simplefilter("ignore", RuntimeWarning)
-            for name, reduce in (("mean", np.nanmean), ("min", np.nanmin), ("max", np.nanmax)):
-                entry[name] = reduce(scores, axis=0).tolist()
-            for name, reduce in (("length_ratio_min", np.nanmin), ("length_ratio_max", np.nanmax)):
-                entry[name] = [None if np.isnan(x) else float(x) for x in reduce(ratios, axis=0)]
+            for name, reduce, values in (("mean", np.nanmean, scores), ("min", np.nanmin, scores),
+                                         ("max", np.nanmax, scores), ("length_ratio_min", np.nanmin, ratios),
+                                         ("length_ratio_max", np.nanmax, ratios)):
+                entry[name] = [None if np.isnan(x) else float(x) for x in reduce(values, axis=0)]
     return schemes
 
 
+def _run_name(run: dict[str, Any]) -> str:
+    return f"the run of {run['scheme']} with seed {run['seed']}"
+
+
 def markdown_table(schemes: dict[str, dict[str, Any]]) -> str:
-    """One row per scheme: mean (min-max) per bucket, the buckets beyond training marked in the header."""
+    """One row per scheme: mean (min-max) per bucket ("—" for an empty one, as by_length), the buckets
+    beyond training marked in the header."""
     buckets = next(iter(schemes.values()))["buckets"]
     header = [b["bucket"] + (" (beyond)" if b["training"] == "beyond" else "") for b in buckets]
     lines = ["| scheme | seeds | " + " | ".join(header) + " | minutes per run |",
@@ -85,7 +114,7 @@ def markdown_table(schemes: dict[str, dict[str, Any]]) -> str:
              "| sentences | | " + " | ".join(str(b["sentences"]) for b in buckets) + " | |"]
     for scheme, entry in schemes.items():
         bands = zip(entry["mean"], entry["min"], entry["max"], strict=True)
-        cells = [f"{m:.1f} ({lo:.1f}-{hi:.1f})" for m, lo, hi in bands]
+        cells = ["—" if m is None else f"{m:.1f} ({lo:.1f}-{hi:.1f})" for m, lo, hi in bands]
         minutes = f"{np.mean(entry['minutes']):.1f}" if entry["minutes"] else "-"
         lines.append(f"| {scheme} | {len(entry['seeds'])} | " + " | ".join(cells) + f" | {minutes} |")
     return "\n".join(lines)
@@ -93,7 +122,7 @@ def markdown_table(schemes: dict[str, dict[str, Any]]) -> str:
 
 def length_ratio_table(schemes: dict[str, dict[str, Any]]) -> str:
     """One row per scheme: the range over its seeds of the outputs' words over the references' words, per
-    bucket (one value where the seeds agree to two decimals; "-" where none has a ratio)."""
+    bucket (one value where the seeds agree to two decimals; "—" where none has a ratio, as by_length)."""
     buckets = next(iter(schemes.values()))["buckets"]
     header = [b["bucket"] + (" (beyond)" if b["training"] == "beyond" else "") for b in buckets]
     lines = ["| scheme | " + " | ".join(header) + " |", "|---|" + "---:|" * len(header)]
@@ -101,7 +130,7 @@ def length_ratio_table(schemes: dict[str, dict[str, Any]]) -> str:
         cells = []
         for low, high in zip(entry["length_ratio_min"], entry["length_ratio_max"], strict=True):
             if low is None:
-                cells.append("-")
+                cells.append("—")
             else:
                 cells.append(f"{low:.2f}" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}-{high:.2f}")
         lines.append(f"| {scheme} | " + " | ".join(cells) + " |")
@@ -122,29 +151,38 @@ def main(argv: Sequence[str]) -> None:
     if not workdirs:
         raise app.UsageError("pass the evaluated workdirs")
     try:
-        runs = [read_run(w, FLAGS.split) for w in workdirs]
-        train_max_len = runs[0]["train_max_len"]
-        schemes = summarize(runs)
+        runs = {w: read_run(w, FLAGS.split) for w in workdirs}
+        schemes = summarize(list(runs.values()))
     except UserError as e:
         raise SystemExit(f"error: {e}") from None
-    os.makedirs(FLAGS.out, exist_ok=True)
+    print(write_report(runs, schemes, FLAGS.out, title=FLAGS.title))
+
+
+def write_report(runs: dict[str, dict[str, Any]], schemes: dict[str, dict[str, Any]], out: str, *,
+                 title: str = "") -> str:
+    """Writes ``report.md``, ``report.json`` and ``report.png`` of ``runs`` (workdir -> ``read_run``) and
+    their ``summarize``; returns the Markdown. A line above the tables names the runs' hosts, code versions
+    or JAX versions when they differ (``provenance.differences``)."""
+    first = next(iter(runs.values()))
+    os.makedirs(out, exist_ok=True)
     table = markdown_table(schemes)
-    mixed = provenance.differences({w: run["provenance"] for w, run in zip(workdirs, runs, strict=True)})
+    mixed = provenance.differences({w: run["provenance"] for w, run in runs.items()})
     if mixed:
         table = f"**Provenance:** {mixed}\n\n{table}"
     if any(low is not None for e in schemes.values() for low in e["length_ratio_min"]):
         table += ("\n\nThe outputs' words over the references' words (the seeds' range):\n\n"
                   + length_ratio_table(schemes))
-    with open(os.path.join(FLAGS.out, "report.md"), "w") as f:
+    with open(os.path.join(out, "report.md"), "w") as f:
         f.write(table + "\n")
-    with open(os.path.join(FLAGS.out, "report.json"), "w") as f:
-        json.dump({"train_max_len": train_max_len, "schemes": schemes, "provenance": mixed}, f, indent=1)
+    with open(os.path.join(out, "report.json"), "w") as f:
+        json.dump({"train_max_len": first["train_max_len"], "schemes": schemes, "provenance": mixed}, f,
+                  indent=1)
     series = {s: [{**b, "score": m} for b, m in zip(e["buckets"], e["mean"], strict=True)]
               for s, e in schemes.items()}
     bands = {s: (e["min"], e["max"]) for s, e in schemes.items() if len(e["seeds"]) > 1}
-    by_length.plot_by_length(series, os.path.join(FLAGS.out, "report.png"), runs[0]["measure"],
-                             train_max_len=train_max_len, bands=bands, title=FLAGS.title)
-    print(table)
+    by_length.plot_by_length(series, os.path.join(out, "report.png"), first["measure"],
+                             train_max_len=first["train_max_len"], bands=bands, title=title)
+    return table
 
 
 if __name__ == "__main__":

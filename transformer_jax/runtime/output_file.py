@@ -6,6 +6,7 @@ killed process is removed the next time); ``write(text)`` fills that file,
 flushes it to disk and renames it over ``path``. A crash at any point leaves the previous ``path``, or
 none, never a partial one. ``write_stdout`` is the same contract's half that stdout allows: a full disk
 or a closed pipe is one line, not a traceback. ``claim`` holds a set of outputs for one process at a time.
+``check_folder`` checks an output folder (a command's ``--out``) before any work.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import os
 import socket
 import stat
 import sys
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 from transformer_jax.runtime import disk
 from transformer_jax.runtime.errors import ConfigError, DiskFullError, UserError
@@ -81,6 +84,23 @@ class OutputFile:
                     "ran out of space; nothing was written (an earlier file there is kept). Free some "
                     f"space or choose another {self.flag}") from None
             raise
+
+
+def check_folder(path: str, *, flag: str) -> None:
+    """Makes the folder ``path`` (and its parents) where missing, and a file in it that is removed at once.
+
+    Raises ConfigError, one line naming ``flag``, when it cannot: a file where a folder should be, a
+    read-only filesystem, no permission. Commands that fill a folder call it before any work.
+    """
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+            pass
+    except OSError as e:
+        folder = Path(os.path.abspath(path))
+        a_file = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+        reason = f"{a_file} is a file, not a folder" if a_file else f"cannot write there ({e.strerror or e})"
+        raise ConfigError(f"{flag}={path}: {reason}; choose another {flag}") from None
 
 
 def process_is_gone(pid: int) -> bool:

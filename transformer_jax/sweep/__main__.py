@@ -20,10 +20,11 @@ from absl import app, flags
 
 from transformer_jax import slurm
 from transformer_jax.evaluation import paper
-from transformer_jax.runtime import errors
+from transformer_jax.runtime import errors, output_file
 from transformer_jax.sweep import grid, launchers, report
 
 COMMANDS = ("launch", "report", "params")
+DEFAULT_BASE_SEEDS = 3
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -41,9 +42,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                         "paper (default: WMT14 EN-DE as in the paper), multi30k (Multi30k EN-DE on 2 CPU "
                         "cores, ~6 min a row) or cpu (a synthetic task, ~2 min a row).",
                         flag_values=flag_values)
-    flags.DEFINE_integer("base_seeds", 3, "Table 3 only: the base row runs with seeds 0 .. n-1 (rows base, "
-                         "base-seed1, ...); a row's change counts as a direction only outside their spread.",
-                         flag_values=flag_values)
+    flags.DEFINE_integer("base_seeds", None, "Table 3 only: the base row runs with seeds 0 .. n-1 (rows "
+                         "base, base-seed1, ...); a row's change counts as a direction only outside their "
+                         f"spread. Default: {DEFAULT_BASE_SEEDS}, or 1 with --override=seed=N (every row, "
+                         "the base row included, runs with that one seed).", flag_values=flag_values)
     flags.DEFINE_integer("seeds", 1, "Table 3 only: every row but base runs with seeds 0 .. n-1 (rows "
                          "<row>, <row>-seed1, ...); the report gives each row its seeds' band.",
                          flag_values=flag_values)
@@ -94,12 +96,21 @@ def main(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> int:
         return 1
 
 
+def _base_seeds(f: flags.FlagValues) -> int:
+    """``--base_seeds``, or its default: one seed where an ``--override`` sets ``seed`` for every row."""
+    if f.base_seeds is not None:
+        return f.base_seeds
+    seed_set = any(item.partition("=")[0].strip() == "seed" for item in f.override)
+    return 1 if seed_set else DEFAULT_BASE_SEEDS
+
+
 def _rows(f: flags.FlagValues, rows: str | None) -> list[grid.Row]:
     if f.grid == "table3":
-        return grid.table3_rows(rows, f.scale or "paper", f.base_seeds, f.override, f.seeds)
-    if f.rows or f.scale or f.override or f.seeds != 1:
-        raise ValueError("--rows, --scale, --seeds and --override apply to --grid table3; a generic grid "
-                         "runs every combination of its items over --config (use --row_index for one)")
+        return grid.table3_rows(rows, f.scale or "paper", _base_seeds(f), f.override, f.seeds)
+    if f.rows or f.scale or f.override or f.seeds != 1 or f.base_seeds is not None:
+        raise ValueError("--rows, --scale, --seeds, --base_seeds and --override apply to --grid table3; a "
+                         "generic grid runs every combination of its items over --config (use --row_index "
+                         "for one)")
     return grid.parse_grid(f.grid, f.config)
 
 
@@ -120,6 +131,7 @@ def _run(command: str, f: flags.FlagValues) -> int:
         print(report.params_table(rows, info))
         return 0
     workdir = os.path.abspath(f.workdir or ("runs/table3" if f.grid == "table3" else "runs/sweep"))
+    output_file.check_folder(workdir, flag="--workdir")  # before anything is written or run
     scale = (f.scale or "paper") if f.grid == "table3" else None
     config_arg = None if f.grid == "table3" else grid.command_config_arg(f.config)
     if f.launcher == "slurm":
@@ -145,7 +157,7 @@ def _run(command: str, f: flags.FlagValues) -> int:
             "--launcher=local", f"--beam_size={beam_size}", f"--python={python}"]
     if f.grid == "table3":  # explicit names and seeds, so that array index i is row i
         task += [f"--scale={scale}", f"--rows={','.join(r.name for r in rows if r.name == r.table3_row)}",
-                 f"--base_seeds={f.base_seeds}", f"--seeds={f.seeds}",
+                 f"--base_seeds={_base_seeds(f)}", f"--seeds={f.seeds}",
                  *(f"--override={item}" for item in f.override)]
     else:
         task += [f"--config={config_arg}"]

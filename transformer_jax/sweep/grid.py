@@ -141,7 +141,8 @@ def table3_rows(selection: str | None, scale: str, base_seeds: int = 1,
     the same for every other row (``<row>-seed<k>``): the report gives each row its seeds' band.
     ``overrides`` (``"data.dir=data/multi30k"``...) are set on every row, typed as config_flags types
     them. An override is refused where the run would not be the row it is named and reported as: of a
-    field a selected row changes from the base row, of ``seed`` beside seed rows, and at paper scale of
+    field a selected row changes from the base row, of ``seed`` beside seed rows (``base_seeds`` counts
+    only where the base row is selected), and at paper scale of
     any field the paper fixes (``paper_fixed_fields``). Elsewhere it sets every row's base, e.g. a
     smaller model for a smoke run of rows D and E.
     """
@@ -165,19 +166,19 @@ def table3_rows(selection: str | None, scale: str, base_seeds: int = 1,
         rows.extend(Row(f"{name}-seed{seed}", config_arg, (*common, ("seed", seed)),
                         (*changes, ("seed", seed)), paper_row, name)
                     for seed in range(1, base_seeds if name == "base" else seeds))
-    _check_overrides(common, rows, scale, seeded=base_seeds > 1 or seeds > 1)
+    _check_overrides(common, rows, scale)
     return rows
 
 
-def _check_overrides(overrides: Sequence[tuple[str, Any]], rows: Sequence[Row], scale: str, *,
-                     seeded: bool) -> None:
+def _check_overrides(overrides: Sequence[tuple[str, Any]], rows: Sequence[Row], scale: str) -> None:
     """Refuses, in one line, an override of a field that makes a row another row (the first one found)."""
     paper_fields = paper_fixed_fields() if scale == "paper" else set()
+    seeded = [row.name for row in rows if row.name != row.table3_row]  # base-seed1, E-learned-pos-seed1...
     for key, value in overrides:
         item = f"--override={key}={format_value(value)}"
         if key == "seed" and seeded:
-            raise ValueError(f"{item} conflicts with the rows' own seeds (--base_seeds, --seeds); set "
-                             "--base_seeds=1 --seeds=1 to run every row with one seed of your choice")
+            raise ValueError(f"{item} conflicts with the seed of row {seeded[0]} (--base_seeds, --seeds); "
+                             "leave them out or set them to 1 to run every row with one seed of your choice")
         as_grid = (f"sweep it as a generic grid: --grid '{key}={format_value(value)}' "
                    f"--config {table3_config_arg('base', scale)}")
         if key in paper_fields:

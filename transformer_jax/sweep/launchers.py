@@ -19,6 +19,7 @@ import contextlib
 import ctypes
 import glob
 import json
+import math
 import os
 import shlex
 import signal
@@ -30,6 +31,7 @@ from transformer_jax import slurm
 from transformer_jax.evaluation import paper
 from transformer_jax.evaluation.scoring import BLEU_KEYS
 from transformer_jax.runtime import provenance
+from transformer_jax.runtime.errors import DataError, short_error
 from transformer_jax.sweep.grid import REPO_ROOT, Row, describe, format_value
 
 MANIFEST = "sweep.json"
@@ -134,11 +136,17 @@ def read_result(row_dir: str) -> tuple[dict | None, str | None]:
     missing = [k for k in RESULT_KEYS if k not in result] if isinstance(result, dict) else list(RESULT_KEYS)
     if missing:
         return None, f"{path} is not a result (it lacks {', '.join(missing)})"
-    unscored = [f"{k}={result[k]!r}" for k in RESULT_KEYS
-                if isinstance(result[k], bool) or not isinstance(result[k], int | float)]
-    if unscored:
-        return None, f"{path} holds no scores ({', '.join(unscored)}; expected numbers)"
+    if unscored(result):
+        return None, f"{path} holds no scores ({unscored(result)})"
     return result, None
+
+
+def unscored(result: dict) -> str:
+    """What ``result`` holds in place of scores, ``"dev_ppl=nan: expected finite numbers ..."``, or "" when
+    each of ``RESULT_KEYS`` is a finite number (a run that diverged has a NaN or infinite perplexity)."""
+    bad = [f"{k}={result[k]!r}" for k in RESULT_KEYS if isinstance(result[k], bool)
+           or not isinstance(result[k], int | float) or not math.isfinite(result[k])]
+    return f"{', '.join(bad)}: expected finite numbers; a run that diverged has none" if bad else ""
 
 
 def final_train_record(row_dir: str, num_steps: int) -> dict | None:
@@ -326,14 +334,52 @@ def table3_row(entry: dict) -> str | None:
     return entry.get("table3_row") or entry.get("paper_row")
 
 
+def read_manifest(workdir: str) -> dict | None:
+    """``<workdir>/sweep.json``, or None where there is none; DataError naming the file when it does not
+    read as a sweep's manifest (cut short, edited by hand)."""
+    path = os.path.join(workdir, MANIFEST)
+    if not os.path.exists(path):
+        return None
+    fix = ("move it away and launch the sweep again to write it anew (finished rows keep their result.json "
+           "and are not run again)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path} does not read ({short_error(e)}); {fix}") from None
+    problem = _manifest_problem(manifest)
+    if problem:
+        raise DataError(f"{path} is not a sweep's manifest: {problem}; {fix}")
+    return manifest
+
+
+def _manifest_problem(manifest) -> str | None:
+    """What keeps ``manifest`` from being one ``write_manifest`` wrote, or None."""
+    if not isinstance(manifest, dict):
+        return f"a JSON {type(manifest).__name__}, not an object"
+    missing = [key for key in ("grid", "scale", "config", "rows") if key not in manifest]
+    if missing or not isinstance(manifest["rows"], list):
+        return f"it lacks {', '.join(missing)}" if missing else "its rows are not a list"
+    for i, entry in enumerate(manifest["rows"]):
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            return f"its row {i} has no name"
+        kinds = {"changes": dict, "params": int, "num_steps": int}
+        wrong = [key for key, kind in kinds.items() if not isinstance(entry.get(key), kind)]
+        if wrong:
+            return f"row {entry['name']} has no {', '.join(wrong)}"
+        if manifest["grid"] == "table3" and table3_row(entry) not in paper.TABLE3_ALL_BY_NAME:
+            return f"row {entry['name']} names no Table 3 row"
+    return None
+
+
 def write_manifest(workdir: str, *, grid: str, scale: str | None, config_arg: str | None,
                    rows: Sequence[Row], info: dict) -> dict:
-    """Writes (or extends) ``<workdir>/sweep.json``; refuses a workdir that holds a different sweep."""
+    """Writes (or extends) ``<workdir>/sweep.json``; refuses a workdir that holds a different sweep, or a
+    manifest that does not read (``read_manifest``)."""
     path = os.path.join(workdir, MANIFEST)
     manifest = {"grid": grid, "scale": scale, "config": config_arg, "rows": []}
-    if os.path.exists(path):
-        with open(path) as f:
-            old = json.load(f)
+    old = read_manifest(workdir)
+    if old is not None:
         if (old["grid"], old["scale"], old["config"]) != (grid, scale, config_arg):
             raise ValueError(
                 f"{workdir} holds another sweep (grid={old['grid']!r}, scale={old['scale']!r}, "

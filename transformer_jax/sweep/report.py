@@ -11,9 +11,9 @@ stands beside them, and their directions are not compared with the paper's.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
-import json
 import math
 import os
 from collections.abc import Sequence
@@ -25,15 +25,18 @@ from transformer_jax import run_config
 from transformer_jax.evaluation import paper
 from transformer_jax.model.config import param_count
 from transformer_jax.runtime import provenance
+from transformer_jax.runtime.output_file import OutputFile
 from transformer_jax.sweep import report_plot
 from transformer_jax.sweep.grid import BEYOND, Row, describe, format_value, load_config, table3_config_arg
 from transformer_jax.sweep.launchers import (
     MANIFEST,
     final_train_record,
     latest_dev_eval,
+    read_manifest,
     read_result,
     result_from,
     table3_row,
+    unscored,
 )
 
 # Below these a change counts as "flat" in the paper's printed figures (and is the noise band of a sweep
@@ -96,14 +99,9 @@ def _fmt(value: float | None, spec: str = ".2f") -> str:
 def _load_results(workdir: str) -> tuple[dict, list[dict], list[str]]:
     """(manifest, its rows with their results, warnings): a result that does not read is named in a
     warning and its row counts as not finished."""
-    path = os.path.join(workdir, MANIFEST)
-    if not os.path.exists(path):
+    manifest = read_manifest(workdir)
+    if manifest is None:
         raise FileNotFoundError(f"no {MANIFEST} in {workdir}; launch a sweep there first")
-    try:
-        with open(path, encoding="utf-8") as f:
-            manifest = json.load(f)
-    except ValueError as e:
-        raise ValueError(f"{path} does not read ({e}); launch the sweep again to rewrite it") from None
     records, warnings = [], []
     for entry in manifest["rows"]:
         row_dir = os.path.join(workdir, entry["name"])
@@ -115,6 +113,9 @@ def _load_results(workdir: str) -> tuple[dict, list[dict], list[str]]:
                 protocol = entry.get("bleu_protocol", "tokenized")
                 result = {**result_from(entry["name"], entry["changes"], evaluation, final, protocol),
                           "wall_seconds": final["train_seconds"]}  # training only: evaluation untimed
+                if unscored(result):  # a diverged run: NaN or an infinite perplexity
+                    problem = f"its eval/dev-{evaluation['step']}.json holds no scores ({unscored(result)})"
+                    result = None
         if problem:
             warnings.append(f"row {entry['name']}: {problem}; " + (
                 "its scores are read from its metrics.jsonl and eval/ instead" if result else
@@ -387,19 +388,28 @@ def _duration(seconds: float | None) -> str:
 
 
 def write_report(workdir: str) -> dict[str, str]:
-    """Writes ``report.md``, ``report.csv`` and ``report.png`` into the workdir; returns their paths."""
+    """Writes ``report.md``, ``report.csv`` and ``report.png`` into the workdir; returns their paths.
+
+    The plot is drawn first, beside them: a report that cannot be built or drawn replaces none of the
+    three, and each is replaced whole, so an earlier report's plot never stays beside new tables.
+    """
     report = build_report(workdir)
     paths = {ext: os.path.join(workdir, f"report.{ext}") for ext in ("md", "csv", "png")}
-    with open(paths["md"], "w") as f:
-        f.write(report["markdown"])
     fields = list(dict.fromkeys(k for row in report["rows"] for k in row))
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=fields)
     writer.writeheader()
     writer.writerows(report["rows"])
-    with open(paths["csv"], "w", newline="") as f:
-        f.write(buffer.getvalue())
-    report_plot.plot_report(report, paths["png"])
+    drawn = os.path.join(workdir, f".report.{os.getpid()}.png")
+    with OutputFile(paths["md"], flag="--workdir") as md, OutputFile(paths["csv"], flag="--workdir") as table:
+        try:
+            report_plot.plot_report(report, drawn)
+            md.write(report["markdown"])
+            table.write(buffer.getvalue())
+            os.replace(drawn, paths["png"])
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(drawn)
     return {**paths, "markdown": report["markdown"]}
 
 
