@@ -22,6 +22,9 @@ from transformer_jax.data import cache_build, corpus_cache, pipeline, tokenizer
 
 TESTS = Path(__file__).resolve().parent
 CHUNKS = 58
+# The processes the tests start import this checkout's package (not the one the venv has installed).
+RUN_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(TESTS.parent),
+                                                                     os.environ.get("PYTHONPATH"))))}
 
 
 @pytest.fixture(autouse=True)
@@ -119,7 +122,8 @@ def test_a_killed_builder_process_ends_the_build_in_one_line(tmp_path, monkeypat
 def _start_a_run(folder: Path, *options: str) -> subprocess.Popen:
     """``faulty_corpora.py``'s start of a run, as a process group of its own (its builder and workers)."""
     return subprocess.Popen([sys.executable, str(TESTS / "faulty_corpora.py"), str(folder), *options],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env=RUN_ENV)
 
 
 def _live_processes_in_group(group: int) -> list[int]:
@@ -181,7 +185,8 @@ def test_a_stop_signal_while_waiting_for_another_process_s_build_ends_the_wait_c
             time.sleep(0.1)
         with open(tmp_path / "waiter.err", "w+") as err:
             waiter = subprocess.Popen([sys.executable, str(TESTS / "faulty_corpora.py"), str(tmp_path)],
-                                      stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True)
+                                      stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True,
+                                      env=RUN_ENV)
             while "Waiting for another process that is building" not in (tmp_path / "waiter.err").read_text():
                 assert waiter.poll() is None, (tmp_path / "waiter.err").read_text()
                 time.sleep(0.1)
@@ -218,7 +223,7 @@ def test_a_script_without_a_main_guard_builds_with_worker_processes(tmp_path):
     script = tmp_path / "unguarded.py"
     script.write_text(UNGUARDED.format(tests=str(TESTS), folder=str(tmp_path), workdir=str(tmp_path / "w")))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path)
+                          cwd=tmp_path, env=RUN_ENV)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("examples: 315") == 1 and "Data: 398 train pairs encoded" in done.stdout
     assert "worker processes" in done.stderr  # the build took the worker path
