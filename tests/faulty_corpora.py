@@ -4,11 +4,13 @@ that send real signals to real processes.
 
 ``FaultyCorpus`` is pickled into the data cache's worker processes, which import it from this module; so is
 anything a test asks a build to use. ``python tests/faulty_corpora.py FOLDER [--delay=S] [--guard]
-[--node=NAME] [--stall_after_encoding]`` does what a run does at start (the tokenizer, then the train split
-encoded by worker processes in chunks of ``CHUNK_PAIRS`` rows) on ``test_corpus_cache``'s corpus in FOLDER,
-with one ``error:`` line for a user error as the entry points give. ``--node``: as a process on another
-node of a filesystem whose locks hold within a node only (its host is NAME and no lock holds it back);
-``--stall_after_encoding``: the encoding done, it writes ``FOLDER/encoded`` and waits (to be killed).
+[--node=NAME] [--stall_after_encoding] [--in_process]`` does what a run does at start (the tokenizer, then
+the train split encoded by worker processes in chunks of ``CHUNK_PAIRS`` rows) on ``test_corpus_cache``'s
+corpus in FOLDER, with one ``error:`` line for a user error as the entry points give. ``--node``: as a
+process on another node of a filesystem whose locks hold within a node only (its host is NAME and no lock
+holds it back);
+``--stall_after_encoding``: the encoding done, it writes ``FOLDER/encoded`` and waits (to be killed);
+``--in_process``: the chunks encoded in this process, as a small corpus's are.
 """
 
 from __future__ import annotations
@@ -121,10 +123,11 @@ def stall_after_encoding(folder: str) -> None:
     disk_cache._share_tree = stall
 
 
-def start_a_run(folder: str, delay: float, guard: bool, node: str = "", stall: bool = False) -> None:
-    """The tokenizer (in this process), then the train split by worker processes that take ``delay`` s a
-    chunk; with ``guard``, inside training's ``PreemptionGuard`` as train.py's set-up is; ``node`` and
-    ``stall``: ``on_a_node``, ``stall_after_encoding``."""
+def start_a_run(folder: str, delay: float, guard: bool, node: str = "", stall: bool = False,
+                in_process: bool = False) -> None:
+    """The tokenizer (in this process), then the train split by worker processes (or, ``in_process``,
+    this one) that take ``delay`` s a chunk; with ``guard``, inside training's ``PreemptionGuard`` as
+    train.py's set-up is; ``node`` and ``stall``: ``on_a_node``, ``stall_after_encoding``."""
     import contextlib
     from pathlib import Path
 
@@ -137,6 +140,8 @@ def start_a_run(folder: str, delay: float, guard: bool, node: str = "", stall: b
     cfg = _config(Path(folder))
     tok = tokenizer.Tokenizer(corpus_cache.shared_tokenizer(cfg))
     faulty(delay=delay)
+    if in_process:
+        corpora.SMALL_BYTES = 1 << 30
     if stall:
         stall_after_encoding(folder)
     if guard:
@@ -153,4 +158,4 @@ if __name__ == "__main__":
     options = dict(arg[2:].split("=", 1) if "=" in arg else (arg[2:], "1") for arg in sys.argv[2:])
     short_errors(lambda argv: faulty_corpora.start_a_run(
         sys.argv[1], float(options.get("delay", 0)), "guard" in options, options.get("node", ""),
-        "stall_after_encoding" in options))([])
+        "stall_after_encoding" in options, "in_process" in options))([])

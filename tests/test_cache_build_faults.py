@@ -367,3 +367,32 @@ def test_a_real_full_tmpfs_in_a_builder_process_build_is_one_line_and_leaves_no_
         assert left == [] and 0 < len(list(point.glob("encoded/*.chunks/*.npz"))) < CHUNKS
     finally:
         subprocess.run(["umount", str(point)])
+
+
+def test_a_second_user_goes_on_from_the_chunks_of_the_first_users_failed_build(monkeypatch, caplog):
+    """In a group's cache (setgid, group-writable): the chunks folder, its chunks and the builder's files
+    are the group's, so another member goes on from them and removes them once the entry is whole (in its
+    own process: the second user here may not start the interpreter a builder process needs)."""
+    from test_disk_cache import NOBODY, _shared_folder
+
+    folder = _shared_folder(0o2775, group=NOBODY)
+    old_umask = os.umask(0o022)
+    try:
+        _write_corpus(folder)
+        tok = tokenizer.Tokenizer(corpus_cache.shared_tokenizer(_config(folder)))
+        faulty_corpora.faulty(monkeypatch.setattr, kill_row=70)  # killed twice: the build ends, chunks kept
+        with pytest.raises(cache_build.WorkerDiedError):
+            pipeline.make_train_iterator(_config(folder), tok, seed=5)
+        kept = len(_chunk_files(folder))
+        assert kept >= 10
+        for path in (folder / "cache").rglob("*"):
+            assert path.stat().st_mode & 0o060 == 0o060, (path, oct(path.stat().st_mode))
+        run = subprocess.run(
+            ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", sys.executable,
+             str(TESTS / "faulty_corpora.py"), str(folder), "--in_process"],
+            capture_output=True, text=True, timeout=300, cwd="/", env=RUN_ENV)
+        assert run.returncode == 0 and "Data: 398 train pairs encoded" in run.stdout, run.stderr[-3000:]
+        _check_equals_in_memory(folder, tok, caplog)  # and no chunks are left
+    finally:
+        os.umask(old_umask)
+        shutil.rmtree(folder)

@@ -15,6 +15,7 @@ from shared_data import SHARED_DATA
 from transformer_jax.data import batching, corpora, corpus_cache, pipeline, tokenizer
 from transformer_jax.data.config import default_data_config
 from transformer_jax.data.sources import get_source
+from transformer_jax.runtime.errors import ConfigError, DataError
 from transformer_jax.sweep import grid
 
 WORDS = [
@@ -267,3 +268,26 @@ def test_a_copy_of_the_corpus_elsewhere_maps_the_same_entry_and_names_its_own_fi
     assert len(_entries(tmp_path / "cache", "encoded")) == 1  # keyed by content, not by path
     warned = _warnings(caplog)
     assert len(warned) == 5 and all(str(copy / "train.") in m for m in warned[:4]), warned
+
+
+def test_a_train_file_written_to_while_the_tokenizer_is_trained_keeps_nothing(tmp_path, monkeypatch):
+    _write_corpus(tmp_path)
+    train = tmp_path / "train.en"
+    original = corpus_cache.train_tokenizer
+
+    def train_while_written(*args, **kwargs):
+        train.write_text(train.read_text() + "\nadded")  # another process edits the file meanwhile
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(corpus_cache, "train_tokenizer", train_while_written)
+    with pytest.raises(DataError, match=f"^{train} was written to while the shared tokenizer was built from"):
+        corpus_cache.shared_tokenizer(_config(tmp_path))
+    assert not [p for p in (tmp_path / "cache" / "tokenizers").iterdir() if p.is_dir()]
+
+
+def test_a_failed_tokenizer_build_in_a_builder_process_leaves_no_chunks_folder(tmp_path, monkeypatch):
+    monkeypatch.setattr(corpora, "SMALL_BYTES", 0)
+    _write_corpus(tmp_path)
+    with pytest.raises(ConfigError, match="too large for this training corpus"):
+        corpus_cache.shared_tokenizer(_config(tmp_path, vocab_size=100_000))
+    assert not list((tmp_path / "cache" / "tokenizers").glob("*.chunks"))
