@@ -291,3 +291,24 @@ def test_a_failed_tokenizer_build_in_a_builder_process_leaves_no_chunks_folder(t
     with pytest.raises(ConfigError, match="too large for this training corpus"):
         corpus_cache.shared_tokenizer(_config(tmp_path, vocab_size=100_000))
     assert not list((tmp_path / "cache" / "tokenizers").glob("*.chunks"))
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint36"])
+def test_a_damaged_dtype_in_a_manifest_without_its_own_sha256_is_found_and_rebuilt(tmp_path, caplog, dtype):
+    """A manifest written before it had its own SHA-256: int8 would read every id wrongly, uint36 fail."""
+    from test_disk_cache import _manifest_with
+
+    from transformer_jax.data import disk_cache
+
+    _write_corpus(tmp_path)
+    cfg = _config(tmp_path)
+    tok = pipeline.load_or_train_tokenizer(cfg, str(tmp_path / "workdir"))
+    pipeline.make_train_iterator(cfg, tok, seed=5)
+    entry = tmp_path / "cache" / "encoded" / _entries(tmp_path / "cache", "encoded")[0]
+    _manifest_with(entry, lambda m: m.pop(disk_cache.SELF_SHA256) and m.update(dtype=dtype))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        rebuilt = pipeline.make_train_iterator(cfg, tok, seed=5)
+    assert any(f"is damaged (manifest.json says the ids are '{dtype}'; this tokenizer's are uint16" in m
+               for m in _warnings(caplog))
+    _assert_same_batches(rebuilt, _in_memory(cfg, tok))

@@ -346,7 +346,8 @@ def _warnings(corpus: TextCorpus | TfdsCorpus, rows: int, *, blank: list[int], e
 
 def _open_or_build(data_config: Any, corpus: TextCorpus | TfdsCorpus, kind: str, spec: dict[str, Any],
                    function: Callable[..., dict[str, Any]], *args: Any, fallback: str | os.PathLike | None,
-                   what: str) -> tuple[Path, dict[str, Any], bool]:
+                   what: str, check: Callable[[dict], str | None] | None = None,
+                   ) -> tuple[Path, dict[str, Any], bool]:
     """``disk_cache.open_or_build`` of the entry ``spec`` with the corpus's ``format`` and ``data``
     fingerprint, built by ``function(folder, chunks_dir, *args)`` in a builder process (``cache_build``) or,
     for a small corpus, here; (entry, manifest, built). A build during which a file of the corpus was
@@ -375,8 +376,22 @@ def _open_or_build(data_config: Any, corpus: TextCorpus | TfdsCorpus, kind: str,
     with cache_build.stopping(what, enabled=bool(corpus.processes)):
         entry, manifest = disk_cache.open_or_build(
             disk_cache.cache_root(data_config.cache_dir), kind, spec, build,
-            fallback=Path(fallback) / "data_cache" if fallback else None, what=what)
+            fallback=Path(fallback) / "data_cache" if fallback else None, what=what, check=check)
     return entry, manifest, bool(built)
+
+
+def _encoded_problem(manifest: dict[str, Any], vocab_size: int) -> str | None:
+    """What is wrong with the values ``load`` and the warnings read from an encoded entry's manifest, else
+    None (a manifest written before it had its own SHA-256 has only this check)."""
+    dtype, said = ids_dtype(vocab_size).name, manifest.get("dtype")
+    if said != dtype:
+        return f"{disk_cache.MANIFEST} says the ids are {said!r}; this tokenizer's are {dtype}"
+    counts = [manifest.get(field) for field in ("num_pairs", "num_rows", "num_empty")]
+    left_out = manifest.get("left_out")
+    if not all(type(count) is int and count >= 0 for count in counts) or not (
+            isinstance(left_out, dict) and set(left_out) == {"blank", "empty", "unknown", "suspicious"}):
+        return f"{disk_cache.MANIFEST} has malformed counts or lines left out"
+    return None
 
 
 def open_train_split(data_config: Any, tokenizer: Any, *, fallback: str | os.PathLike | None = None,
@@ -390,7 +405,8 @@ def open_train_split(data_config: Any, tokenizer: Any, *, fallback: str | os.Pat
             "text_form": data_config.text_form, "tokenizer_sha256": tokenizer.sha256}
     entry, manifest, built = _open_or_build(
         data_config, corpus, "encoded", spec, build_encoded, corpus, text_form_of(data_config),
-        tokenizer.model_proto, CHUNK_PAIRS, fallback=fallback, what="the encoded train split")
+        tokenizer.model_proto, CHUNK_PAIRS, fallback=fallback, what="the encoded train split",
+        check=lambda manifest: _encoded_problem(manifest, tokenizer.vocab_size))
     for warning in _warnings(corpus, manifest["num_rows"], **manifest["left_out"]):  # train.py shows them
         logging.warning("%s", warning)
     split = load(entry, manifest)

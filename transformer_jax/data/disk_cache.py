@@ -271,8 +271,8 @@ def _check_files(folder: Path, manifest: dict, index: Path | None) -> str | None
     return None
 
 
-def _read_manifest(folder: Path, spec: Mapping[str, Any], what: str,
-                   index: Path | None) -> tuple[dict | None, str | None]:
+def _read_manifest(folder: Path, spec: Mapping[str, Any], what: str, index: Path | None,
+                   check: Callable[[dict], str | None] | None = None) -> tuple[dict | None, str | None]:
     """(manifest, None) for a whole entry; (None, why) for a damaged one; (None, None) when there is none.
     CacheError when something else than a folder has the entry's name."""
     if not folder.is_dir():
@@ -282,7 +282,8 @@ def _read_manifest(folder: Path, spec: Mapping[str, Any], what: str,
         return None, None
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
-        problem = _manifest_problem(manifest, spec) or _check_files(folder, manifest, index)
+        problem = (_manifest_problem(manifest, spec) or (check and check(manifest))
+                   or _check_files(folder, manifest, index))
     except FileNotFoundError:
         return None, f"{MANIFEST} is missing"
     except (OSError, ValueError) as e:
@@ -505,7 +506,7 @@ def _build_entry(tmp: Path, spec: Mapping[str, Any], build: Callable[[Path], dic
 
 def open_or_build(root: Path, kind: str, spec: Mapping[str, Any],
                   build: Callable[[Path], dict[str, Any]], *, fallback: Path | None,
-                  what: str) -> tuple[Path, dict]:
+                  what: str, check: Callable[[dict], str | None] | None = None) -> tuple[Path, dict]:
     """The folder and manifest of the entry for ``spec``, built by ``build`` if no whole one exists.
 
     Args:
@@ -517,6 +518,9 @@ def open_or_build(root: Path, kind: str, spec: Mapping[str, Any],
       fallback: where to build when nothing can be written under ``root`` (e.g. the workdir's
         ``data_cache``); None: raise ``CacheError`` instead.
       what: words for messages, e.g. 'the encoded train split'.
+      check: what is wrong with the values of a manifest (of the right spec) that its reader relies on,
+        or None; an entry it finds wrong is damaged. The manifest's own SHA-256 guards its values, but
+        manifests written before it are read too.
 
     Raises ``DiskFullError`` (naming the cache's filesystem; the half-written entry removed) when the disk
     fills up during the build, ``CacheError`` when a file has the entry's name. ``<key>.chunks``
@@ -526,7 +530,7 @@ def open_or_build(root: Path, kind: str, spec: Mapping[str, Any],
     folder = root / kind
     entry = folder / key
     index = root / HASHES
-    manifest, damage = _read_manifest(entry, spec, what, index)
+    manifest, damage = _read_manifest(entry, spec, what, index, check)
     if manifest is not None:
         _remove_leftovers(root, None)  # of builds that failed or were killed, of any entry
         return entry, manifest
@@ -537,10 +541,10 @@ def open_or_build(root: Path, kind: str, spec: Mapping[str, Any],
                              f"${CACHE_ENV}) to a folder you can write")
         logging.warning("The data cache %s is not writable (%s); using %s for %s", folder, reason,
                         fallback, what)
-        return open_or_build(Path(fallback), kind, spec, build, fallback=None, what=what)
+        return open_or_build(Path(fallback), kind, spec, build, fallback=None, what=what, check=check)
     try:
         with _locked(folder / f"{key}.lock", what):
-            manifest, damage = _read_manifest(entry, spec, what, index)  # built meanwhile by another?
+            manifest, damage = _read_manifest(entry, spec, what, index, check)  # built meanwhile by another?
             if manifest is not None:
                 return entry, manifest
             if damage is not None:
@@ -559,7 +563,7 @@ def open_or_build(root: Path, kind: str, spec: Mapping[str, Any],
                 shutil.rmtree(tmp, ignore_errors=True)
                 # Where the lock holds only within a node, another node may have made the entry meanwhile:
                 # this rename then fails, or this build did (the other removed the chunks it used).
-                manifest, _ = _read_manifest(entry, spec, what, index)
+                manifest, _ = _read_manifest(entry, spec, what, index, check)
                 if manifest is None:
                     raise
             if not _live_builds(folder, key):  # else the last build to end removes them
