@@ -15,6 +15,7 @@ from shared_data import SHARED_DATA
 from transformer_jax.data import batching, corpora, corpus_cache, pipeline, tokenizer
 from transformer_jax.data.config import default_data_config
 from transformer_jax.data.sources import get_source
+from transformer_jax.runtime.errors import ConfigError, DataError
 from transformer_jax.sweep import grid
 
 WORDS = [
@@ -267,3 +268,47 @@ def test_a_copy_of_the_corpus_elsewhere_maps_the_same_entry_and_names_its_own_fi
     assert len(_entries(tmp_path / "cache", "encoded")) == 1  # keyed by content, not by path
     warned = _warnings(caplog)
     assert len(warned) == 5 and all(str(copy / "train.") in m for m in warned[:4]), warned
+
+
+def test_a_train_file_written_to_while_the_tokenizer_is_trained_keeps_nothing(tmp_path, monkeypatch):
+    _write_corpus(tmp_path)
+    train = tmp_path / "train.en"
+    original = corpus_cache.train_tokenizer
+
+    def train_while_written(*args, **kwargs):
+        train.write_text(train.read_text() + "\nadded")  # another process edits the file meanwhile
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(corpus_cache, "train_tokenizer", train_while_written)
+    with pytest.raises(DataError, match=f"^{train} was written to while the shared tokenizer was built from"):
+        corpus_cache.shared_tokenizer(_config(tmp_path))
+    assert not [p for p in (tmp_path / "cache" / "tokenizers").iterdir() if p.is_dir()]
+
+
+def test_a_failed_tokenizer_build_in_a_builder_process_leaves_no_chunks_folder(tmp_path, monkeypatch):
+    monkeypatch.setattr(corpora, "SMALL_BYTES", 0)
+    _write_corpus(tmp_path)
+    with pytest.raises(ConfigError, match="too large for this training corpus"):
+        corpus_cache.shared_tokenizer(_config(tmp_path, vocab_size=100_000))
+    assert not list((tmp_path / "cache" / "tokenizers").glob("*.chunks"))
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint36"])
+def test_a_damaged_dtype_in_a_manifest_without_its_own_sha256_is_found_and_rebuilt(tmp_path, caplog, dtype):
+    """A manifest written before it had its own SHA-256: int8 would read every id wrongly, uint36 fail."""
+    from test_disk_cache import _manifest_with
+
+    from transformer_jax.data import disk_cache
+
+    _write_corpus(tmp_path)
+    cfg = _config(tmp_path)
+    tok = pipeline.load_or_train_tokenizer(cfg, str(tmp_path / "workdir"))
+    pipeline.make_train_iterator(cfg, tok, seed=5)
+    entry = tmp_path / "cache" / "encoded" / _entries(tmp_path / "cache", "encoded")[0]
+    _manifest_with(entry, lambda m: m.pop(disk_cache.SELF_SHA256) and m.update(dtype=dtype))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        rebuilt = pipeline.make_train_iterator(cfg, tok, seed=5)
+    assert any(f"is damaged (manifest.json says the ids are '{dtype}'; this tokenizer's are uint16" in m
+               for m in _warnings(caplog))
+    _assert_same_batches(rebuilt, _in_memory(cfg, tok))

@@ -571,3 +571,18 @@ def test_an_entry_another_node_made_meanwhile_is_used(tmp_path):
                                              what="the entry")
     assert got == entry and (entry / "payload.bin").read_text() == "by node 2" and manifest["spec"] == SPEC
     assert not list(entry.parent.glob("*.tmp-*"))
+
+
+def test_chunks_go_once_their_entry_is_whole_or_after_a_week_unchanged(tmp_path):
+    folder = tmp_path / "kind"
+    never, recent = "a" * 20, "b" * 20
+    whole, _ = disk_cache.open_or_build(tmp_path, "kind", SPEC, _build("hello"), fallback=None, what="e")
+    chunks = {key: folder / f"{key}.chunks" for key in (never, recent, whole.name)}
+    for key, path in chunks.items():
+        path.mkdir()
+        (path / "0-7.npz").write_bytes(b"\0" * 10)
+        (folder / f"{key}.lock").touch()
+    week_ago = time.time() - disk_cache.CHUNKS_KEPT_SECONDS - 60
+    os.utime(chunks[never], (week_ago, week_ago))  # a build stopped a week ago, never finished
+    disk_cache.open_or_build(tmp_path, "kind", SPEC, _build("x"), fallback=None, what="e")
+    assert [p.name for p in folder.glob("*.chunks")] == [f"{recent}.chunks"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -39,12 +40,14 @@ from typing import Any
 
 import tqdm
 
+from transformer_jax.data import disk_cache
 from transformer_jax.runtime.errors import UserError
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)  # SIGUSR1: the Slurm time-limit warning
 STOP_GRACE_SECONDS = 10.0  # a builder told to stop is killed after this (it stops within a second or so)
 # The builder's program: its __main__ is no file, so its spawned workers import no main module either.
 _BUILDER = "import sys; from transformer_jax.data import cache_build; cache_build.main(sys.argv[1:])"
+DISK_FULL_STATUS = 75  # the builder's exit status when the disk is too full for its reply
 _POLL_SECONDS = 0.25  # how often a waiting process looks for a signal or a dead worker
 
 
@@ -89,11 +92,14 @@ def stop_signal() -> int | None:
     return _stop_signal[0] if _stop_signal else None
 
 
-def _worker_main(conn: Any, initializer: Callable[..., None], initargs: tuple) -> None:
+def _worker_main(conn: Any) -> None:
     for signum in STOP_SIGNALS:  # the builder decides when its workers stop
         signal.signal(signum, signal.SIG_IGN)
     die_with_parent()
+    if (start_up := _receive(conn)) is None:
+        return
     try:
+        initializer, initargs = start_up
         initializer(*initargs)
         failed = None
     except Exception as e:
@@ -117,7 +123,10 @@ def _receive(conn: Any) -> Any:
 
 
 def _picklable(error: Exception) -> Exception:
-    """``error`` if it is a user error that survives pickling, else a RuntimeError holding its traceback."""
+    """``error`` if it is a user error that survives pickling, an ``OSError(ENOSPC)`` naming its file for a
+    full disk (which the data cache reports in one line), else a RuntimeError holding its traceback."""
+    if disk_cache.is_full(error) and not isinstance(error, UserError):
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), getattr(error, "filename", None))
     if isinstance(error, UserError):
         with contextlib.suppress(Exception):
             pickle.loads(pickle.dumps(error))
@@ -137,6 +146,7 @@ class WorkerPool:
     def __init__(self, processes: int, initializer: Callable[..., None], initargs: tuple, *, hint: str = ""):
         self._context = multiprocessing.get_context("spawn")
         self._initializer, self._initargs, self._hint = initializer, initargs, hint
+        self._processes = processes
         if hasattr(signal, "pthread_sigmask"):  # the resource tracker's default SIGUSR1 action would end it
             from multiprocessing import resource_tracker
 
@@ -150,11 +160,16 @@ class WorkerPool:
             self._start()
 
     def _start(self) -> tuple[Any, Any]:
+        """A new worker. Its start-up data (a corpus's line offsets: 72 MB at WMT's size) goes through its
+        own connection, not through spawn's start-up pipe: a process killed while it reads that pipe leaves
+        the parent blocked writing it (the parent keeps the pipe's read end open until it has written
+        all). A worker that dies while it reads its connection closes it, and the send ends."""
         conn, child_conn = self._context.Pipe()
-        process = self._context.Process(target=_worker_main, daemon=True,
-                                        args=(child_conn, self._initializer, self._initargs))
+        process = self._context.Process(target=_worker_main, daemon=True, args=(child_conn,))
         process.start()
         child_conn.close()
+        with contextlib.suppress(OSError):  # it died: found when it is given a task
+            conn.send((self._initializer, self._initargs))
         self._workers.append((process, conn))
         return process, conn
 
@@ -168,9 +183,14 @@ class WorkerPool:
                 try:
                     worker[1].send((function, tasks[index]))
                     busy[worker] = index
-                except OSError:  # it died while idle
+                except OSError:  # it died while it started or waited
                     queue.appendleft(index)
-                    self._bury(worker)
+                    message = f"a worker process {how_it_died(self._bury(worker))} before it took a task"
+                    deaths[None] += 1  # None: no task
+                    if deaths[None] > self._processes:  # as many as the pool has: new ones would die too
+                        raise WorkerDiedError(f"{message}, {deaths[None]} times; {self._hint}".rstrip("; ")
+                                              ) from None
+                    tqdm.tqdm.write(f"data: {message}; starting another", file=sys.stderr)
                     idle.append(self._start())
             waitables = [w[1] for w in busy] + [w[0].sentinel for w in busy]
             multiprocessing.connection.wait(waitables, timeout=_POLL_SECONDS)
@@ -252,13 +272,20 @@ def main(argv: Sequence[str]) -> None:
         outcome = {"result": function(*args)}
     except BuildStopped as e:
         outcome = {"stopped": e.signum, "detail": e.detail}
-    except Exception as e:
-        if not isinstance(e, UserError):
-            traceback.print_exc()
+    except Exception as e:  # a bug's traceback is in the error the run raises (or replaces)
         outcome = {"error": _picklable(e)}
-    with open(f"{reply}.tmp", "wb") as f:
-        pickle.dump(outcome, f)
-    os.replace(f"{reply}.tmp", reply)
+    partial = Path(f"{reply}.tmp")
+    try:
+        with open(partial, "wb") as f:
+            pickle.dump(outcome, f)
+        disk_cache.share(partial, partial.parent)
+        os.replace(partial, reply)
+    except OSError as e:
+        if not disk_cache.is_full(e):
+            raise
+        sys.exit(DISK_FULL_STATUS)  # the run says it in one line
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 # ----------------------------------------------------------------------------- in the run
@@ -335,12 +362,14 @@ def run_builder(function: Callable[..., Any], *args: Any, folder: Path) -> Any:
     state = _active[-1] if _active else None
     if state is not None:
         state.building = True
-    folder.mkdir(parents=True, exist_ok=True)
-    request, reply = folder / f"request-{os.getpid()}.pickle", folder / f"reply-{os.getpid()}.pickle"
+    disk_cache.make_dirs(folder)
+    tag = disk_cache.process_tag()
+    request, reply = folder / f"request-{tag}.pickle", folder / f"reply-{tag}.pickle"
     reply.unlink(missing_ok=True)
     with open(request, "wb") as f:
         pickle.dump((os.getpid(), sys.path), f)
         pickle.dump((function, args, reply), f)
+    disk_cache.share(request, folder)
     package_root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (package_root,
                                                                       os.environ.get("PYTHONPATH")))))
@@ -364,6 +393,8 @@ def run_builder(function: Callable[..., Any], *args: Any, folder: Path) -> Any:
         request.unlink(missing_ok=True)
     outcome = pickle.loads(reply.read_bytes()) if reply.is_file() else {}
     reply.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # a build that keeps nothing there (the tokenizer's) leaves nothing
+        folder.rmdir()
     if "result" in outcome:  # whole, whatever came meanwhile (``stopping`` passes a signal on)
         return outcome["result"]
     signum = outcome.get("stopped") or (state.signum if state is not None else None)
@@ -371,6 +402,8 @@ def run_builder(function: Callable[..., Any], *args: Any, folder: Path) -> Any:
         raise BuildStopped(signum, outcome.get("detail"))
     if "error" in outcome:
         raise outcome["error"]
+    if process.returncode == DISK_FULL_STATUS:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(reply))
     raise WorkerDiedError(f"the data cache's builder process {how_it_died(process.returncode)}; the chunks "
                           "it finished are kept, and the same command goes on from them")
 

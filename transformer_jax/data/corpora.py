@@ -84,6 +84,10 @@ class TextCorpus:
     def describe(self) -> str:
         return f"{self.src_path} / {self.tgt_path}"
 
+    def files(self) -> list[Path]:
+        """The files a build reads."""
+        return [self.src_path, self.tgt_path]
+
     def fingerprint(self) -> dict[str, Any]:
         return {"source": "text", "src_sha256": disk_cache.file_sha256(self.src_path, index=self.hashes),
                 "tgt_sha256": disk_cache.file_sha256(self.tgt_path, index=self.hashes)}
@@ -138,6 +142,12 @@ class TfdsCorpus:
 
     def describe(self) -> str:
         return f"TFDS {self.name} train ({self.builder_dir})"
+
+    def files(self) -> list[str]:
+        """The files a build reads: the train split's."""
+        import tensorflow_datasets as tfds
+
+        return sorted(tfds.builder_from_directory(self.builder_dir).info.splits["train"].filepaths)
 
     def fingerprint(self) -> dict[str, Any]:
         import tensorflow_datasets as tfds

@@ -133,11 +133,16 @@ def _encode_rows(task: tuple[int, int, Path]) -> int:
 
 
 def write_chunk(path: Path, found: dict[str, Any], **arrays: np.ndarray) -> None:
-    """One encoded chunk as ``path`` (.npz): its ids, lengths and ``found`` (JSON); whole or absent."""
-    partial = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    with open(partial, "wb") as f:
-        np.savez(f, found=np.frombuffer(json.dumps(found).encode(), np.uint8), **arrays)
-    os.replace(partial, path)
+    """One encoded chunk as ``path`` (.npz): its ids, lengths and ``found`` (JSON); whole or absent (a
+    write that fails, such as on a full disk, removes its partial file)."""
+    partial = path.with_name(f"{path.name}.tmp-{disk_cache.process_tag()}")
+    try:
+        with open(partial, "wb") as f:
+            np.savez(f, found=np.frombuffer(json.dumps(found).encode(), np.uint8), **arrays)
+        disk_cache.share(partial, path.parent)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def read_chunk(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
@@ -259,13 +264,6 @@ def sample_sentences(corpus: TextCorpus | TfdsCorpus, form: TextForm, cap: int, 
     return sentences
 
 
-def chunks_folder(folder: Path, spec: dict[str, Any]) -> Path:
-    """``<kind>/<key>.chunks``: the finished chunks of the entry being built in ``folder``
-    (``<kind>/<key>.tmp-<pid>``), kept until the entry is whole so that a stopped or failed build goes on
-    from them."""
-    return folder.parent / f"{disk_cache.spec_key(spec)}.chunks"
-
-
 def build_encoded(folder: Path, chunks_dir: Path, corpus: TextCorpus | TfdsCorpus, form: TextForm,
                   tokenizer_proto: bytes, chunk_pairs: int | None = None) -> dict[str, Any]:
     """Encodes the corpus into ``folder``'s files, each chunk of ``chunk_pairs`` rows first into a file of
@@ -274,9 +272,9 @@ def build_encoded(folder: Path, chunks_dir: Path, corpus: TextCorpus | TfdsCorpu
     corpus = corpus.indexed()  # the files checked before anything is said
     chunks = spans(corpus.num_rows, chunk_pairs)
     paths = [chunks_dir / f"{start:012d}-{stop:012d}.npz" for start, stop in chunks]
-    chunks_dir.mkdir(exist_ok=True)
-    for path in chunks_dir.iterdir():  # a killed worker's partial file, or another chunk size's
-        if path not in paths and path.suffix != ".pickle":
+    disk_cache.make_dirs(chunks_dir)
+    for path in chunks_dir.glob("*.npz"):  # another chunk size's (partial files go with the folder)
+        if path not in paths:
             path.unlink()
     todo = [i for i, path in enumerate(paths) if read_chunk(path) is None]
     labels = _labels(corpus, chunks)
@@ -348,26 +346,52 @@ def _warnings(corpus: TextCorpus | TfdsCorpus, rows: int, *, blank: list[int], e
 
 def _open_or_build(data_config: Any, corpus: TextCorpus | TfdsCorpus, kind: str, spec: dict[str, Any],
                    function: Callable[..., dict[str, Any]], *args: Any, fallback: str | os.PathLike | None,
-                   what: str) -> tuple[Path, dict[str, Any], bool]:
-    """``disk_cache.open_or_build`` of the entry ``spec``, built by ``function(folder, chunks_dir, *args)``
-    in a builder process (``cache_build``) or, for a small corpus, here; (entry, manifest, built)."""
+                   what: str, check: Callable[[dict], str | None] | None = None,
+                   ) -> tuple[Path, dict[str, Any], bool]:
+    """``disk_cache.open_or_build`` of the entry ``spec`` with the corpus's ``format`` and ``data``
+    fingerprint, built by ``function(folder, chunks_dir, *args)`` in a builder process (``cache_build``) or,
+    for a small corpus, here; (entry, manifest, built). A build during which a file of the corpus was
+    written to (its size, times or inode differ from when it was hashed) is a ``DataError``: what it read
+    may not be the content its key names, so nothing it made is kept."""
+    before = disk_cache.file_stamps(corpus.files())  # taken first: a write from here on shows
+    spec = {"format": FORMAT, "data": corpus.fingerprint(), **spec}
     built = []
 
     def build(folder: Path) -> dict[str, Any]:
         built.append(folder)
-        chunks_dir = chunks_folder(folder, spec)
-        if corpus.processes:
-            extra = cache_build.run_builder(function, folder, chunks_dir, *args, folder=chunks_dir)
-        else:
-            extra = function(folder, chunks_dir, *args)
-        shutil.rmtree(chunks_dir, ignore_errors=True)
-        return extra
+        chunks_dir = disk_cache.chunks_folder(folder)  # removed by disk_cache once the entry is whole
+        try:
+            if corpus.processes:
+                return cache_build.run_builder(function, folder, chunks_dir, *args, folder=chunks_dir)
+            return function(folder, chunks_dir, *args)
+        finally:
+            after = disk_cache.file_stamps(corpus.files())
+            if changed := [path for path, stamp in after.items() if before.get(path) != stamp]:
+                shutil.rmtree(chunks_dir, ignore_errors=True)
+                if not isinstance(sys.exc_info()[1], cache_build.BuildStopped):
+                    raise DataError(f"{changed[0]} was written to while {what} was built from it, so what "
+                                    "the build read may not be the content its key names; nothing it made "
+                                    "is kept. Run the same command again once nothing writes to the file")
 
     with cache_build.stopping(what, enabled=bool(corpus.processes)):
         entry, manifest = disk_cache.open_or_build(
             disk_cache.cache_root(data_config.cache_dir), kind, spec, build,
-            fallback=Path(fallback) / "data_cache" if fallback else None, what=what)
+            fallback=Path(fallback) / "data_cache" if fallback else None, what=what, check=check)
     return entry, manifest, bool(built)
+
+
+def _encoded_problem(manifest: dict[str, Any], vocab_size: int) -> str | None:
+    """What is wrong with the values ``load`` and the warnings read from an encoded entry's manifest, else
+    None (a manifest written before it had its own SHA-256 has only this check)."""
+    dtype, said = ids_dtype(vocab_size).name, manifest.get("dtype")
+    if said != dtype:
+        return f"{disk_cache.MANIFEST} says the ids are {said!r}; this tokenizer's are {dtype}"
+    counts = [manifest.get(field) for field in ("num_pairs", "num_rows", "num_empty")]
+    left_out = manifest.get("left_out")
+    if not all(type(count) is int and count >= 0 for count in counts) or not (
+            isinstance(left_out, dict) and set(left_out) == {"blank", "empty", "unknown", "suspicious"}):
+        return f"{disk_cache.MANIFEST} has malformed counts or lines left out"
+    return None
 
 
 def open_train_split(data_config: Any, tokenizer: Any, *, fallback: str | os.PathLike | None = None,
@@ -377,12 +401,12 @@ def open_train_split(data_config: Any, tokenizer: Any, *, fallback: str | os.Pat
     to build when the cache root cannot be written."""
     started = time.time()
     corpus = open_corpus(data_config)
-    spec = {"format": FORMAT, "data": corpus.fingerprint(), "src_lang": data_config.src_lang,
-            "tgt_lang": data_config.tgt_lang, "text_form": data_config.text_form,
-            "tokenizer_sha256": tokenizer.sha256}
+    spec = {"src_lang": data_config.src_lang, "tgt_lang": data_config.tgt_lang,
+            "text_form": data_config.text_form, "tokenizer_sha256": tokenizer.sha256}
     entry, manifest, built = _open_or_build(
         data_config, corpus, "encoded", spec, build_encoded, corpus, text_form_of(data_config),
-        tokenizer.model_proto, CHUNK_PAIRS, fallback=fallback, what="the encoded train split")
+        tokenizer.model_proto, CHUNK_PAIRS, fallback=fallback, what="the encoded train split",
+        check=lambda manifest: _encoded_problem(manifest, tokenizer.vocab_size))
     for warning in _warnings(corpus, manifest["num_rows"], **manifest["left_out"]):  # train.py shows them
         logging.warning("%s", warning)
     split = load(entry, manifest)
@@ -428,9 +452,9 @@ def shared_tokenizer(data_config: Any, *, fallback: str | os.PathLike | None = N
     ``open_train_split``."""
     seed = SAMPLE_SEED
     corpus = open_corpus(data_config)
-    spec = {"format": FORMAT, "data": corpus.fingerprint(), "src_lang": data_config.src_lang,
-            "tgt_lang": data_config.tgt_lang, "text_form": data_config.text_form,
-            "vocab_size": data_config.vocab_size, "vocab_type": data_config.vocab_type,
+    spec = {"src_lang": data_config.src_lang, "tgt_lang": data_config.tgt_lang,
+            "text_form": data_config.text_form, "vocab_size": data_config.vocab_size,
+            "vocab_type": data_config.vocab_type,
             "tokenizer_train_examples": data_config.tokenizer_train_examples,
             "character_coverage": data_config.character_coverage, "sample_seed": seed}
     entry, _, _ = _open_or_build(data_config, corpus, "tokenizers", spec, build_tokenizer, corpus,

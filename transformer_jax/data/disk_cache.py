@@ -7,7 +7,9 @@ and settings (``tokenizer.shared_tokenizer``) and each train split encoded to to
     <root>/<kind>/<key>/            a finished entry: its files and, last, manifest.json
     <root>/<kind>/<key>.lock        flock'ed by the one process that builds the entry
     <root>/<kind>/<key>.builder     who holds the lock: host, pid and since when (JSON), for waiters
-    <root>/<kind>/<key>.tmp-<pid>   an entry being built; renamed onto <key> when whole
+    <root>/<kind>/<key>.tmp-<host>-<pid>  an entry being built; renamed onto <key> when whole
+    <root>/<kind>/<key>.chunks/     what a build keeps for the next one until the entry is whole
+                                    (``chunks_folder``: e.g. the encoded chunks of ``corpus_cache``)
     <root>/hashes/<id>.json         a file's SHA-256 with the size, times and inode it had when hashed
 
 The root is ``data.cache_dir``, else ``$TRANSFORMER_JAX_CACHE``, else ``$XDG_CACHE_HOME/transformer_jax``
@@ -22,11 +24,18 @@ set back), and the file is hashed again.
 
 Faults:
 - a build is written beside the entry and renamed into place, so a build killed at any point (kill -9)
-  leaves only a ``.tmp-<pid>`` folder, which the next open of the cache removes, whatever its entry,
-  once the lock of that entry is free (its builder is gone, on any host); a build that fails (a full
-  disk, a data error) removes its own;
+  leaves only a ``.tmp-<host>-<pid>`` folder, which the next open of the cache removes, whatever its
+  entry, once its builder is gone: on this host, once the lock of that entry is free or its pid runs no
+  more; of another host, once the lock is free and the build has not changed for ``STALE_SECONDS`` (where
+  locks hold within a node only, another node's live build holds no lock here). A build that fails (a
+  full disk, a data error) removes its own;
+- ``<key>.chunks`` is removed once the entry is whole (after the rename, unless another host's live build
+  of the entry is seen, which then removes it), by a later open if the builder was killed before that,
+  and, for an entry never finished, once it has not changed for ``CHUNKS_KEPT_SECONDS``;
 - builders take the lock, so two at once make one entry (the second waits, then reads it); a waiter says
-  who holds the lock, and again every ``WAIT_REPORT_SECONDS``;
+  who holds the lock, and again every ``WAIT_REPORT_SECONDS``. Where the lock holds only within a node,
+  two nodes may build at once: a build that fails or finds the entry at its rename because the other
+  finished first uses the other's entry;
 - the manifest records every file's size and SHA-256, checked on each open, and its own SHA-256: a damaged
   entry or manifest is moved aside (``<key>.damaged-<time>``) and rebuilt, with one warning line;
 - a full disk is one line naming the cache's filesystem; a file where an entry's folder should be is one
@@ -67,7 +76,11 @@ SELF_SHA256 = "manifest_sha256"  # the manifest's field holding the SHA-256 of i
 WAIT_REPORT_SECONDS = 60.0  # a waiter says again who holds the lock this often
 _HASH_BLOCK = 1 << 24  # bytes read at a time while hashing a file
 _RACY_NS = 2_000_000_000  # a file changed this recently may change again within its clock tick: not kept
-_LEFTOVER = re.compile(r"(?P<key>[0-9a-f]{20})\.tmp-(?P<pid>\d+)")
+STALE_SECONDS = 3600.0  # another host's build that has not changed for this long is taken to be gone
+CHUNKS_KEPT_SECONDS = 7 * 24 * 3600.0  # the chunks of an entry never finished, unchanged this long, go
+# A build's folder; its host is left out in the names of older versions (then this host).
+_LEFTOVER = re.compile(r"(?P<key>[0-9a-f]{20})\.tmp-(?:(?P<host>[A-Za-z0-9.-]+)-)?(?P<pid>\d+)")
+_CHUNKS = re.compile(r"(?P<key>[0-9a-f]{20})\.chunks")
 _SHORT_WRITE = re.compile(r"\d+ requested and \d+ written")  # numpy's tofile/save on a full disk (no errno)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -92,7 +105,7 @@ def cache_root(cache_dir: str) -> Path:
 # ----------------------------------------------------------------------------- a shared group
 
 
-def _share(path: Path, folder: Path) -> None:
+def share(path: Path, folder: Path) -> None:
     """Makes ``path`` (which this process created) group-readable and -writable, and a folder
     group-searchable, where ``folder`` (its parent) is group-writable; otherwise leaves it as created."""
     with contextlib.suppress(OSError):
@@ -107,15 +120,15 @@ def _share(path: Path, folder: Path) -> None:
 
 
 def _share_tree(top: Path, folder: Path) -> None:
-    """``_share`` for ``top`` (in ``folder``) and everything under it."""
-    _share(top, folder)
+    """``share`` for ``top`` (in ``folder``) and everything under it."""
+    share(top, folder)
     for parent, dirs, files in os.walk(top):
         for name in dirs + files:
-            _share(Path(parent) / name, Path(parent))
+            share(Path(parent) / name, Path(parent))
 
 
-def _make_dirs(folder: Path) -> None:
-    """``folder`` and its missing parents, each shared as its parent is (``_share``)."""
+def make_dirs(folder: Path) -> None:
+    """``folder`` and its missing parents, each shared as its parent is (``share``)."""
     missing = []
     while not folder.exists():
         missing.append(folder)
@@ -123,17 +136,17 @@ def _make_dirs(folder: Path) -> None:
     for path in reversed(missing):
         with contextlib.suppress(FileExistsError):  # made meanwhile by another process
             path.mkdir()
-            _share(path, path.parent)
+            share(path, path.parent)
     if not missing and not folder.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, "a file, not a folder", str(folder))
 
 
 def _write_small(path: Path, text: str) -> None:
     """Writes ``text`` to ``path`` whole (a file beside it renamed into place), shared as its folder is."""
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f"{path.name}.tmp-{process_tag()}")
     try:
         tmp.write_text(text)
-        _share(tmp, path.parent)
+        share(tmp, path.parent)
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(OSError):
@@ -149,6 +162,19 @@ def _stamp(status: os.stat_result) -> dict[str, int]:
     """What a write to a file changes: its size, modification and change times; a new file, its inode."""
     return {"size": status.st_size, "mtime_ns": status.st_mtime_ns, "ctime_ns": status.st_ctime_ns,
             "inode": status.st_ino}
+
+
+def file_stamps(paths: list[str | os.PathLike]) -> dict[str, dict[str, int] | None]:
+    """``{real path: what a write to it changes (size, times, inode)}`` of each file, None if it is
+    missing: taken before a file is hashed and again after a build has read it, a write in between shows."""
+    stamps = {}
+    for path in paths:
+        real = os.path.realpath(path)
+        try:
+            stamps[real] = _stamp(os.stat(real))
+        except FileNotFoundError:
+            stamps[real] = None
+    return stamps
 
 
 def _record_path(index: Path, real: str) -> Path:
@@ -171,7 +197,7 @@ def _recorded(index: Path, real: str, stamp: dict[str, int]) -> str | None:
 def _remember(index: Path, real: str, stamp: dict[str, int], sha: str) -> None:
     """Keeps ``sha`` for ``real`` in ``index``, if it can be written (it is only a shortcut)."""
     with contextlib.suppress(OSError):
-        _make_dirs(index)
+        make_dirs(index)
         _write_small(_record_path(index, real), json.dumps({"path": real, **stamp, "sha256": sha}))
 
 
@@ -245,8 +271,8 @@ def _check_files(folder: Path, manifest: dict, index: Path | None) -> str | None
     return None
 
 
-def _read_manifest(folder: Path, spec: Mapping[str, Any], what: str,
-                   index: Path | None) -> tuple[dict | None, str | None]:
+def _read_manifest(folder: Path, spec: Mapping[str, Any], what: str, index: Path | None,
+                   check: Callable[[dict], str | None] | None = None) -> tuple[dict | None, str | None]:
     """(manifest, None) for a whole entry; (None, why) for a damaged one; (None, None) when there is none.
     CacheError when something else than a folder has the entry's name."""
     if not folder.is_dir():
@@ -256,7 +282,8 @@ def _read_manifest(folder: Path, spec: Mapping[str, Any], what: str,
         return None, None
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
-        problem = _manifest_problem(manifest, spec) or _check_files(folder, manifest, index)
+        problem = (_manifest_problem(manifest, spec) or (check and check(manifest))
+                   or _check_files(folder, manifest, index))
     except FileNotFoundError:
         return None, f"{MANIFEST} is missing"
     except (OSError, ValueError) as e:
@@ -274,7 +301,7 @@ def _open_lock(path: Path) -> int:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     except PermissionError:
         return os.open(path, os.O_RDONLY)
-    _share(path, path.parent)
+    share(path, path.parent)
     return fd
 
 
@@ -351,26 +378,71 @@ def _locked(path: Path, what: str) -> Iterator[None]:
         os.close(fd)  # releases the flock
 
 
+def process_tag() -> str:
+    """``<host>-<pid>`` of this process: the names of what it writes in a cache that several hosts share."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def chunks_folder(tmp: Path) -> Path:
+    """``<kind>/<key>.chunks``: what the build in ``tmp`` (``<kind>/<key>.tmp-<host>-<pid>``) keeps for the
+    next build of its entry (a stopped or failed one goes on from it), removed once the entry is whole."""
+    return tmp.parent / f"{_LEFTOVER.fullmatch(tmp.name)['key']}.chunks"
+
+
+def _unchanged_for(paths: list[Path], seconds: float) -> bool:
+    """Whether none of ``paths`` (those that exist) was modified in the last ``seconds``."""
+    newest = max((p.stat().st_mtime for p in paths if p.exists()), default=0.0)
+    return time.time() - newest > seconds
+
+
+def _build_is_gone(path: Path, lock_free: bool) -> bool:
+    """Whether the builder of the ``.tmp-<host>-<pid>`` folder ``path`` has ended: on this host, its lock
+    is free (``lock_free``) or its pid runs no more; on another, its lock is free and neither the folder
+    nor its entry's chunks changed for ``STALE_SECONDS`` (a lock may hold within a node only)."""
+    match = _LEFTOVER.fullmatch(path.name)
+    if match["host"] in (None, socket.gethostname()):
+        return lock_free or process_is_gone(int(match["pid"]))
+    return lock_free and _unchanged_for([path, path.with_name(f"{match['key']}.chunks")], STALE_SECONDS)
+
+
+def _live_builds(folder: Path, key: str) -> list[Path]:
+    """The ``<key>.tmp-*`` folders in ``folder`` of other hosts' builds that may still run, whose lock this
+    process holds or found free (``_build_is_gone``)."""
+    return [p for p in folder.glob(f"{key}.tmp-*") if _LEFTOVER.fullmatch(p.name) and p.is_dir()
+            and not _build_is_gone(p, lock_free=True)]
+
+
+def _chunks_done(chunks: Path) -> bool:
+    """Whether ``<key>.chunks``, whose lock is free, is of no more use: its entry exists (its builder was
+    killed after the rename) or it has not changed for ``CHUNKS_KEPT_SECONDS``, and no other host's build
+    of the entry runs."""
+    done = chunks.with_suffix("").is_dir() or _unchanged_for([chunks], CHUNKS_KEPT_SECONDS)
+    return done and not _live_builds(chunks.parent, chunks.stem)
+
+
 def _remove_leftovers(root: Path, own: Path | None) -> None:
-    """Removes the ``<key>.tmp-<pid>`` folders of builders that are gone, in every kind folder of ``root``:
-    those of ``own`` (a lock file held by this process) and of any entry whose lock is free, so whose
-    builder has ended, on whatever host; without a lock file, those whose pid runs on no process here."""
+    """Removes, in every kind folder of ``root``, the ``<key>.tmp-<host>-<pid>`` folders of builders that
+    are gone (``_build_is_gone``; the lock of ``own`` is held by this process, any other is held while
+    removing, so that no build starts meanwhile) and the ``<key>.chunks`` of entries whose lock is free
+    that are whole or have not changed for ``CHUNKS_KEPT_SECONDS``."""
     with contextlib.suppress(OSError):
         for folder in [p for p in root.iterdir() if p.is_dir() and p.name != HASHES]:
             leftovers: dict[Path, list[Path]] = {}
             for path in folder.iterdir():
-                if (match := _LEFTOVER.fullmatch(path.name)) and path.is_dir():
+                match = _LEFTOVER.fullmatch(path.name) or _CHUNKS.fullmatch(path.name)
+                if match and path.is_dir():
                     leftovers.setdefault(folder / f"{match['key']}.lock", []).append(path)
             for lock, paths in leftovers.items():
+                builds = [p for p in paths if _LEFTOVER.fullmatch(p.name)]
                 if lock == own or not lock.exists():
-                    gone = paths if lock == own else [
-                        p for p in paths if process_is_gone(int(p.name.rpartition("-")[2]))]
-                    for path in gone:
-                        shutil.rmtree(path, ignore_errors=True)
+                    for path in builds:
+                        if _build_is_gone(path, lock_free=lock == own):
+                            shutil.rmtree(path, ignore_errors=True)
                     continue
                 with _held_if_free(lock) as free:  # held while removing: no new build starts meanwhile
                     for path in paths if free else []:
-                        shutil.rmtree(path, ignore_errors=True)
+                        if _build_is_gone(path, lock_free=True) if path in builds else _chunks_done(path):
+                            shutil.rmtree(path, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -397,7 +469,7 @@ def _held_if_free(lock: Path) -> Iterator[bool]:
 def _writable(folder: Path) -> str | None:
     """None if a file can be created in ``folder`` (made if missing), else the reason."""
     try:
-        _make_dirs(folder)
+        make_dirs(folder)
         probe = folder / f".write-test-{os.getpid()}"
         probe.touch()
         probe.unlink()
@@ -409,7 +481,7 @@ def _writable(folder: Path) -> str | None:
     return None
 
 
-def _is_full(error: BaseException) -> bool:
+def is_full(error: BaseException) -> bool:
     """Whether ``error`` says the disk is full, numpy's short write (which has no errno) included."""
     return disk.is_disk_full(error) or bool(_SHORT_WRITE.search(str(error)))
 
@@ -425,7 +497,7 @@ def _build_entry(tmp: Path, spec: Mapping[str, Any], build: Callable[[Path], dic
                 "build_seconds": round(time.time() - started, 1)}
     manifest[SELF_SHA256] = _self_sha256(manifest)
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
-    _share(tmp / MANIFEST, tmp)
+    share(tmp / MANIFEST, tmp)
     for path in tmp.iterdir():  # whole on disk before it gets its name
         with open(path, "rb") as f:
             os.fsync(f.fileno())
@@ -434,7 +506,7 @@ def _build_entry(tmp: Path, spec: Mapping[str, Any], build: Callable[[Path], dic
 
 def open_or_build(root: Path, kind: str, spec: Mapping[str, Any],
                   build: Callable[[Path], dict[str, Any]], *, fallback: Path | None,
-                  what: str) -> tuple[Path, dict]:
+                  what: str, check: Callable[[dict], str | None] | None = None) -> tuple[Path, dict]:
     """The folder and manifest of the entry for ``spec``, built by ``build`` if no whole one exists.
 
     Args:
@@ -446,15 +518,19 @@ def open_or_build(root: Path, kind: str, spec: Mapping[str, Any],
       fallback: where to build when nothing can be written under ``root`` (e.g. the workdir's
         ``data_cache``); None: raise ``CacheError`` instead.
       what: words for messages, e.g. 'the encoded train split'.
+      check: what is wrong with the values of a manifest (of the right spec) that its reader relies on,
+        or None; an entry it finds wrong is damaged. The manifest's own SHA-256 guards its values, but
+        manifests written before it are read too.
 
     Raises ``DiskFullError`` (naming the cache's filesystem; the half-written entry removed) when the disk
-    fills up during the build, ``CacheError`` when a file has the entry's name.
+    fills up during the build, ``CacheError`` when a file has the entry's name. ``<key>.chunks``
+    (``chunks_folder``), which ``build`` may keep for the next build, is removed once the entry is whole.
     """
     key = spec_key(spec)
     folder = root / kind
     entry = folder / key
     index = root / HASHES
-    manifest, damage = _read_manifest(entry, spec, what, index)
+    manifest, damage = _read_manifest(entry, spec, what, index, check)
     if manifest is not None:
         _remove_leftovers(root, None)  # of builds that failed or were killed, of any entry
         return entry, manifest
@@ -465,10 +541,10 @@ def open_or_build(root: Path, kind: str, spec: Mapping[str, Any],
                              f"${CACHE_ENV}) to a folder you can write")
         logging.warning("The data cache %s is not writable (%s); using %s for %s", folder, reason,
                         fallback, what)
-        return open_or_build(Path(fallback), kind, spec, build, fallback=None, what=what)
+        return open_or_build(Path(fallback), kind, spec, build, fallback=None, what=what, check=check)
     try:
         with _locked(folder / f"{key}.lock", what):
-            manifest, damage = _read_manifest(entry, spec, what, index)  # built meanwhile by another?
+            manifest, damage = _read_manifest(entry, spec, what, index, check)  # built meanwhile by another?
             if manifest is not None:
                 return entry, manifest
             if damage is not None:
@@ -477,25 +553,23 @@ def open_or_build(root: Path, kind: str, spec: Mapping[str, Any],
                 logging.warning("%s in %s is damaged (%s); moved it to %s and building it again", what,
                                 entry, damage, aside.name)
             _remove_leftovers(root, folder / f"{key}.lock")
-            tmp = folder / f"{key}.tmp-{os.getpid()}"
+            tmp = folder / f"{key}.tmp-{process_tag()}"
             tmp.mkdir()
+            share(tmp, folder)
             try:
                 manifest = _build_entry(tmp, spec, build, index)
-                try:
-                    tmp.rename(entry)
-                except OSError as e:  # made meanwhile where the lock holds only within a node
-                    whole = None
-                    if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
-                        whole, _ = _read_manifest(entry, spec, what, index)
-                    if whole is None:
-                        raise
-                    shutil.rmtree(tmp, ignore_errors=True)
-                    manifest = whole
+                tmp.rename(entry)
             except Exception:
                 shutil.rmtree(tmp, ignore_errors=True)
-                raise
+                # Where the lock holds only within a node, another node may have made the entry meanwhile:
+                # this rename then fails, or this build did (the other removed the chunks it used).
+                manifest, _ = _read_manifest(entry, spec, what, index, check)
+                if manifest is None:
+                    raise
+            if not _live_builds(folder, key):  # else the last build to end removes them
+                shutil.rmtree(chunks_folder(tmp), ignore_errors=True)
     except OSError as e:
-        if isinstance(e, UserError) or not _is_full(e):
+        if isinstance(e, UserError) or not is_full(e):
             raise
         where = disk.describe_filesystem(str(folder))
         raise DiskFullError(f"no space left building {what} in {folder}: {where} ran out of space; the "
