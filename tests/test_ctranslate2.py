@@ -57,14 +57,19 @@ VARIANTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def pieces():
-    """The 44 pieces of a word-level SentencePiece model over the words w0..w39 (specials included)."""
+@functools.cache
+def word_tokenizer() -> tokenizer_lib.Tokenizer:
+    """A word-level SentencePiece model over the words w0..w39: 44 pieces, specials included."""
     rng = np.random.default_rng(0)
     words = [f"w{i}" for i in range(NUM_WORDS)]
     sentences = [" ".join(rng.choice(words, rng.integers(3, 12))) for _ in range(2000)]
-    model = tokenizer_lib.train_tokenizer(sentences, vocab_size=44, vocab_type="word")
-    return ctranslate2_engine.workdir_pieces(tokenizer_lib.Tokenizer(model))
+    return tokenizer_lib.Tokenizer(tokenizer_lib.train_tokenizer(sentences, vocab_size=44, vocab_type="word"))
+
+
+@pytest.fixture(scope="module")
+def pieces():
+    """The pieces of :func:`word_tokenizer`, one a token id."""
+    return ctranslate2_engine.workdir_pieces(word_tokenizer())
 
 
 def _model_config(vocab_size: int, **overrides) -> ModelConfig:

@@ -206,6 +206,33 @@ def test_schemes_without_a_learned_table_decode_past_max_len(scheme, pieces, tmp
     assert ctranslate2_spec.exported_positions(learned) == 8
 
 
+def test_translate_takes_a_source_longer_than_max_len_where_the_export_does(pieces, tmp_path):
+    """translate's path (``translate_texts`` with the engine's ``decode_ids``) on a rotary model with
+    max_len 16: a source of 31 tokens reaches the engine whole, with or without ``truncate`` (nothing needs
+    cutting), and decodes as the JAX engine decodes it."""
+    cfg = _model_config(len(pieces), **{**SCHEMES["rotary"], "max_len": 16})
+    params = _random_params(cfg)
+    out_dir = str(tmp_path / "model")
+    ctranslate2_engine.write_model(params, cfg, out_dir, pieces=pieces, quantization="float32", record={})
+    engine = ctranslate2_engine.Engine(out_dir, threads=1)
+    tokenizer = witness_tests.word_tokenizer()
+    text = " ".join(f"w{i % witness_tests.NUM_WORDS}" for i in range(30))  # 30 words + EOS: 31 tokens
+    assert len(tokenizer.encode_text([text], side="source")[0]) + 1 == 31
+    settings = translation.Settings(beam_size=1, max_extra_len=MAX_EXTRA_LEN)
+    given, returned = [], []
+
+    def decode_fn(ids, settings, progress):  # the engine, recording what goes in and out
+        given[:] = ids
+        returned[:] = engine.decode_ids(ids, settings, progress=progress)
+        return returned
+
+    for truncate in (False, True):
+        translation.translate_texts(None, cfg, tokenizer, [text], settings, truncate=truncate,
+                                    decode_fn=decode_fn)
+        assert [len(ids) for ids in given] == [31]
+        np.testing.assert_array_equal(returned[0], translation.decode_ids(params, cfg, given, settings)[0])
+
+
 def test_alibi_encoder_buckets_are_exact_up_to_exported_positions_only(pieces, tmp_path, monkeypatch):
     """With TABLE_POSITIONS 10 (and max_len 8): sources of 10 tokens, whose distances reach 9, score as ours;
     sources of 16 reach the log-spaced buckets and do not, so the engine refuses to decode them."""

@@ -154,6 +154,22 @@ def exported_positions(model_config) -> int | None:
     return max(model_config.max_len, TABLE_POSITIONS)
 
 
+def exported_positions_holder(model_config) -> str:
+    """What holds :func:`exported_positions` and how many, in words, for a scheme whose export has a bound:
+    "learned position table has model.max_len=16 positions", "sinusoid table has 1024 positions, the larger
+    of model.max_len=16 and 1024"."""
+    n = exported_positions(model_config)
+    if n is None:
+        raise ValueError(f"position_encoding={model_config.position_encoding!r} is exported for any length")
+    if model_config.position_encoding == "learned":
+        return f"learned position table has model.max_len={n} positions"
+    larger = f"the larger of model.max_len={model_config.max_len} and {TABLE_POSITIONS}"
+    if model_config.position_encoding == "alibi":
+        return f"ALiBi encoder buckets are exact for {n} positions, {larger}"
+    table = "sinusoid table" if model_config.position_encoding == "sinusoidal" else "zero position table"
+    return f"{table} has {n} positions, {larger}"
+
+
 def _position_table(params: Mapping[str, Any], stack: str, model_config) -> np.ndarray:
     """float32[exported_positions, d_model] added to the embeddings: the learned table, our sinusoid, or
     zeros."""

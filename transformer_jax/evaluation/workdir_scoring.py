@@ -242,8 +242,8 @@ def _check_engine(engine: str, threads: int | None, quantization: str | None) ->
 
 def _decodable_length(model_config: ModelConfig, data_config, max_extra_len: int,
                       engine: str = "jax") -> int | None:
-    """The longest padded input that leaves room for ``max_extra_len`` output positions in the position
-    table (``translation.source_limit``); None when the model has none to fill (any length decodes).
+    """The longest padded input that leaves room for ``max_extra_len`` output positions in what
+    ``engine`` decodes (``translation.source_limit``); None when nothing bounds it (any length decodes).
 
     Raises ConfigError when not even the largest length bucket fits (``--max_extra_len`` too large).
     """
@@ -252,11 +252,11 @@ def _decodable_length(model_config: ModelConfig, data_config, max_extra_len: int
         return None
     largest = max(data_config.length_buckets)
     if largest > limit:
-        room = model_config.max_len - largest
+        room = limit + max_extra_len - largest
+        holder = translation.limit_holder(model_config, engine)
         raise ConfigError(
-            f"--max_extra_len={max_extra_len}: the model's max_len={model_config.max_len} (its "
-            f"{'learned position' if engine == 'jax' else engine + ' position'} table) leaves room for at "
-            f"most {room} output positions beyond the largest length bucket {largest}; pass "
+            f"--max_extra_len={max_extra_len}: {holder}, which leaves room for at most {room} output "
+            f"positions beyond the largest length bucket {largest}; pass "
             f"--max_extra_len={max(room, 0)} or less")
     return limit
 
