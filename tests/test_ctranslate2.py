@@ -343,6 +343,22 @@ def test_evaluate_with_ctranslate2_names_its_outputs_and_matches_jax_greedy(work
     assert (result["engine"], result["quantization"]) == ("ctranslate2", "float32")
 
 
+def test_evaluate_refuses_a_model_the_export_cannot_express_before_claiming_or_computing(tmp_path,
+                                                                                      monkeypatch):
+    """d_k != d_v: refused in one line before the outputs are claimed and before perplexity or the
+    averaged parameters are computed."""
+    workdir = str(tmp_path / "workdir")
+    untrained_workdir(config_with({**TINY, "model.d_k": 6, "model.d_v": 4}), workdir, steps=(2,))
+    for module, name in ((workdir_scoring.evaluate_args, "claimed_outputs"),
+                         (workdir_scoring.scoring, "perplexity"), (workdir_scoring, "averaged_params")):
+        monkeypatch.setattr(module, name, lambda *a, name=name, **k: pytest.fail(f"{name} before the check"))
+    with pytest.raises(ConfigError, match=r"^CTranslate2 has one head size, but this model has d_k=6 and "
+                       "d_v=4"):
+        workdir_scoring.evaluate_workdir(workdir, split="dev", beam_size=1, output_dir=str(tmp_path / "eval"),
+                                         engine="ctranslate2")
+    assert os.listdir(tmp_path / "eval") == []  # no claim, no output
+
+
 def test_throughput_benchmark_has_a_ctranslate2_column(workdir, tmp_path, capsys):
     """Greedy float32: CTranslate2's outputs are JAX's, so their target token counts are equal."""
     from transformer_jax.benchmarks import decoding

@@ -119,6 +119,8 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
     if engine not in task.engines:
         raise ConfigError(f"--engine={engine}: a {task.name} run decodes with {' or '.join(task.engines)}; "
                           "leave --engine out")
+    if engine == "ctranslate2":
+        ctranslate2_engine.check_exportable(model_config)
     # The other models are checked against the first before any output is claimed.
     members = [_ensemble_member(restored, d, average_last, from_config) for d in ensemble]
     others = [(d, steps) for d, (_, steps) in zip(ensemble, members, strict=True)]
