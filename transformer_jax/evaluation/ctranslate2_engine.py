@@ -332,18 +332,18 @@ class Engine:
         check_threads(threads)
         record = read_record(model_dir, workdir)  # an export of ours, or the error saying how to make one
         check_tokenizer_file(model_dir, record, workdir)
+        check_model_files(model_dir, record, workdir)  # before CTranslate2 reads a file it may choke on
         try:
             self.translator = ctranslate2.Translator(model_dir, device="cpu", compute_type=compute_type,
                                                      inter_threads=1, intra_threads=threads)
             with open(os.path.join(model_dir, VOCABULARY_FILE), encoding="utf-8") as f:
                 self.pieces = json.load(f)
-        except (OSError, RuntimeError, ValueError) as e:  # a file missing, cut short or changed
+        except (OSError, RuntimeError, ValueError, IndexError) as e:  # a file missing, cut short or changed
             raise _damaged(model_dir, errors.short_error(e), workdir) from None
         vocab_size = record.get("model", {}).get("vocab_size", len(self.pieces))
         if not isinstance(self.pieces, list) or len(self.pieces) != vocab_size:
             raise _damaged(model_dir, f"{VOCABULARY_FILE} does not hold the model's {vocab_size} pieces",
                            workdir)
-        check_model_files(model_dir, record, workdir)
         self.ids = {piece: i for i, piece in enumerate(self.pieces)}
         self.max_batch_size = max_batch_size
         # The longest source + output the export decodes (None: any length, or an export that predates it).
