@@ -491,6 +491,25 @@ def test_export_out_under_a_file_is_one_line_before_restoring(workdir, tmp_path,
                                 "file, not a folder; choose another --out")
 
 
+def test_translate_names_its_own_flag_for_an_export_dir_it_cannot_make(workdir, tmp_path):
+    """translate makes a missing export in --export_dir; what stops it names --export_dir (it has no
+    --out)."""
+    (tmp_path / "afile.txt").write_text("mine")
+    (tmp_path / "in.txt").write_text(SENTENCES)
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "keep.txt").write_text("mine")
+    for export_dir, expected in (
+            (tmp_path / "afile.txt" / "sub", f"{tmp_path / 'afile.txt'} is a file, not a folder; choose "
+                                             "another --export_dir"),
+            (notes, "exists and is not an export; choose a new or empty folder")):
+        with pytest.raises(ConfigError) as error:
+            workdir_scoring.translate_workdir(workdir, input_path=str(tmp_path / "in.txt"),
+                                              engine="ctranslate2", export_dir=str(export_dir), beam_size=1)
+        assert str(error.value).startswith(f"--export_dir={export_dir}")
+        assert str(error.value).endswith(expected) and "--out" not in str(error.value)
+
+
 def test_an_export_that_fills_the_disk_names_its_filesystem(workdir, tmp_path, monkeypatch):
     """The save fails with ENOSPC and no file name (as CTranslate2's writes do): the error names the
     export's filesystem, not the current directory's, and the previous export is kept."""

@@ -78,16 +78,18 @@ def config_sha256(saved_config: Mapping[str, Any]) -> str:
 
 
 def write_model(params: Mapping[str, Any], model_config, out_dir: str, *, pieces: Sequence[str],
-                quantization: str, record: Mapping[str, Any], tokenizer_path: str | None = None) -> None:
+                quantization: str, record: Mapping[str, Any], tokenizer_path: str | None = None,
+                out_flag: str = "--out") -> None:
     """Exports ``params`` into ``out_dir``: CTranslate2's model files, ``RECORD_FILE`` and the tokenizer.
 
     The folder is written beside ``out_dir`` (``<out_dir>.<pid>.tmp``) and renamed into place (the
     previous one moved to ``<out_dir>.<pid>.old`` and removed), so ``out_dir`` holds a complete export or
     its previous content; each of these folders holds ``MARKER_FILE`` naming this process, and what a
     killed exporter left is cleaned up first (:func:`recover_leftovers`). A full disk raises DiskFullError
-    naming ``out_dir``'s filesystem. ``pieces`` is the vocabulary (one string a token id);
-    ``tokenizer_path``, when given, is copied in as ``TOKENIZER_FILE``. ``record`` is what was exported
-    (step, averaging, config hash, decoding defaults); the model's fields, the weight type, the SHA-256
+    naming ``out_dir``'s filesystem (and ``out_flag``, the option that chose it). ``pieces`` is the
+    vocabulary (one string a token id); ``tokenizer_path``, when given, is copied in as ``TOKENIZER_FILE``.
+    ``record`` is what was exported (step, averaging, config hash, decoding defaults); the model's fields,
+    the weight type, the SHA-256
     of each of CTranslate2's files (``files_sha256``: model.bin, its config and vocabulary) and the
     positions the export decodes (``positions``: ``exported_positions``, None for any length) are added.
     """
@@ -133,7 +135,7 @@ def write_model(params: Mapping[str, Any], model_config, out_dir: str, *, pieces
         kept = "the previous export there is kept" if os.path.exists(out_dir) else "nothing was written"
         raise DiskFullError(f"no space left writing the export to {out_dir}: "
                             f"{disk.describe_filesystem(out_dir)} ran out of space; {kept}. Free some space "
-                            "or choose another --out") from None
+                            f"or choose another {out_flag}") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -413,25 +415,28 @@ def default_export_dir(workdir: str) -> str:
     return os.path.join(workdir, "export", "ctranslate2")
 
 
-def _check_out_folder(out_dir: str) -> None:
-    """ConfigError when the folder ``out_dir`` would be made in cannot be: its nearest existing parent is a
-    file, or takes no new entry (read-only, no permission). Nothing is created."""
+def _check_out_folder(out_dir: str, out_flag: str) -> None:
+    """ConfigError naming ``out_flag`` when the folder ``out_dir`` would be made in cannot be: its nearest
+    existing parent is a file, or takes no new entry (read-only, no permission). Nothing is created."""
     parent = os.path.dirname(os.path.abspath(out_dir))
     while not os.path.exists(parent) and os.path.dirname(parent) != parent:
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
-        raise ConfigError(f"--out={out_dir}: {parent} is a file, not a folder; choose another --out")
+        raise ConfigError(f"{out_flag}={out_dir}: {parent} is a file, not a folder; choose another "
+                          f"{out_flag}")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out={out_dir}: cannot write in {parent} (read-only or no permission); choose "
-                          "another --out")
+        raise ConfigError(f"{out_flag}={out_dir}: cannot write in {parent} (read-only or no permission); "
+                          f"choose another {out_flag}")
 
 
 def export_workdir(workdir: str, *, out_dir: str | None = None, quantization: str | None = None,
-                   step: int | None = None, average_last: int | None = None) -> dict[str, Any]:
+                   step: int | None = None, average_last: int | None = None,
+                   out_flag: str = "--out") -> dict[str, Any]:
     """Exports a ``train.py`` workdir's model, averaged as ``translate`` averages it; returns the record.
 
     ``average_last`` None takes the run's ``final_average_last``; ``quantization`` None takes
-    :func:`default_quantization` of its width. Everything is checked before anything is written.
+    :func:`default_quantization` of its width. Everything is checked before anything is written; errors
+    about ``out_dir`` name it as ``out_flag`` (translate's ``--export_dir``, export's ``--out``).
     """
     import_ctranslate2()
     if quantization is not None and quantization not in QUANTIZATIONS:
@@ -443,8 +448,8 @@ def export_workdir(workdir: str, *, out_dir: str | None = None, quantization: st
     recover_leftovers(out_dir)
     if os.path.isfile(out_dir) or (os.path.isdir(out_dir) and os.listdir(out_dir)
                                    and not os.path.isfile(os.path.join(out_dir, RECORD_FILE))):
-        raise ConfigError(f"--out={out_dir} exists and is not an export; choose a new or empty folder")
-    _check_out_folder(out_dir)
+        raise ConfigError(f"{out_flag}={out_dir} exists and is not an export; choose a new or empty folder")
+    _check_out_folder(out_dir, out_flag)
     from transformer_jax.checkpoints.restore import averaged_params, restore_workdir
     from transformer_jax.data.text_form import text_form_of
     from transformer_jax.data.tokenizer import tokenizer_file
@@ -470,5 +475,6 @@ def export_workdir(workdir: str, *, out_dir: str | None = None, quantization: st
         "text_form": {"name": form.name, "src_lang": form.src_lang, "tgt_lang": form.tgt_lang},
     }
     write_model(params, restored.model_config, out_dir, pieces=workdir_pieces(restored.tokenizer),
-                quantization=quantization, record=record, tokenizer_path=str(tokenizer_file(workdir)))
+                quantization=quantization, record=record, tokenizer_path=str(tokenizer_file(workdir)),
+                out_flag=out_flag)
     return read_record(out_dir)

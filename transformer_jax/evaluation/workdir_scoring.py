@@ -362,7 +362,8 @@ def _exported_model(workdir: str, export_dir, step, average_last, beam_size, alp
     if not os.path.isfile(os.path.join(export_dir, ctranslate2_engine.RECORD_FILE)):
         print(f"exporting the model to {export_dir} first (once; python -m transformer_jax.export)",
               file=sys.stderr)
-        ctranslate2_engine.export_workdir(workdir, out_dir=export_dir, step=step, average_last=average_last)
+        ctranslate2_engine.export_workdir(workdir, out_dir=export_dir, step=step, average_last=average_last,
+                                          out_flag="--export_dir")
     record = ctranslate2_engine.read_record(export_dir, workdir)
     missing = [k for k in ("step", "average_last", "decoding", "text_form", "model") if k not in record]
     if missing:
