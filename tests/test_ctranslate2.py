@@ -554,12 +554,13 @@ ctranslate2_engine.export_workdir({workdir!r}, out_dir={out_dir!r})
     assert sorted(os.listdir(tmp_path)) == ["export", "in.txt", "out.txt"]
 
 
-def _leftover(path, pid: int, *, marked: bool = True) -> None:
-    """A folder ``path`` as an exporter of ``pid`` leaves it (its marker naming it), or a user's copy."""
+def _leftover(path, pid: int, *, marked: bool = True, folder: str | None = None) -> None:
+    """A folder ``path`` as an exporter of ``pid`` leaves it (its marker naming the pid and the folder,
+    ``folder`` for a copy made of another), or a user's folder without a marker."""
     path.mkdir()
     (path / "export.json").write_text("{}")
     if marked:
-        maker = {"pid": pid, "host": socket.gethostname()}
+        maker = {"pid": pid, "host": socket.gethostname(), "folder": folder or path.name}
         (path / ctranslate2_engine.MARKER_FILE).write_text(json.dumps(maker))
 
 
@@ -576,14 +577,18 @@ def test_recover_leftovers_puts_back_a_previous_export_a_killed_exporter_moved_a
 
 def test_a_users_folders_beside_the_export_are_never_touched(workdir, tmp_path):
     """A backup named like a leftover (``<export>.<digits>.old``, no process of that pid runs), a copy of a
-    killed exporter's folder under another number, and one without a marker: neither cleaned up nor
-    renamed into place when the export is missing; translate makes a new export instead."""
-    dead = subprocess.Popen(["true"])
+    killed exporter's folder under another number, one without a marker, and a copy of an export made by
+    a process now gone, named ``<export>.<pid in its marker>.old``: neither cleaned up nor renamed into
+    place when the export is missing; translate makes a new export instead."""
+    dead, gone = subprocess.Popen(["true"]), subprocess.Popen(["true"])
     dead.wait()
+    gone.wait()
     export_dir = tmp_path / "export"
     _leftover(tmp_path / "export.20261206.old", 20261206, marked=False)  # the user's backup
     _leftover(tmp_path / f"export.{dead.pid}.old", dead.pid, marked=False)  # a pid that does not run
     _leftover(tmp_path / f"export.{dead.pid + 1}.tmp", dead.pid)  # a copy: its marker names another pid
+    # A copy of an export: its marker names the exporter's (gone) pid and the folder it was staged in.
+    _leftover(tmp_path / f"export.{gone.pid}.old", gone.pid, folder=f"export.{gone.pid}.tmp")
     users = sorted(os.listdir(tmp_path))
     ctranslate2_engine.recover_leftovers(str(export_dir))
     assert sorted(os.listdir(tmp_path)) == users and not export_dir.exists()

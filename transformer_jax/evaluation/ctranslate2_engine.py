@@ -44,8 +44,9 @@ from transformer_jax.runtime.errors import ConfigError, DataError, DiskFullError
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "bfloat16")
 RECORD_FILE = "export.json"  # what was exported, beside CTranslate2's own files
 # Inside every folder the export makes (the export, its staging and moved-aside folders): the maker's pid and
-# host. Leftover cleanup and the rename back into place take only folders whose marker names the pid in
-# their name, on this host; anything else beside an export (a user's backup) is never touched.
+# host, and the folder's name. Leftover cleanup and the rename back into place take only folders whose marker
+# names the pid in their name, on this host, and that very name; anything else beside an export (a user's
+# backup, even a copy of an export renamed like a leftover) is never touched.
 MARKER_FILE = ".made_by_transformer_jax_export"
 TOKENIZER_FILE = "spm.model"
 VOCABULARY_FILE = "shared_vocabulary.json"  # CTranslate2's, written when source and target share one
@@ -125,7 +126,7 @@ def write_model(params: Mapping[str, Any], model_config, out_dir: str, *, pieces
                        "files_sha256": files, "positions": exported_positions(model_config), "model": model},
                       f, indent=1)
         if os.path.exists(out_dir):
-            _mark(out_dir)  # it is about to be moved aside as this process's .old
+            _mark(out_dir, as_name=os.path.basename(previous))  # about to be moved aside as that
             os.rename(out_dir, previous)
         os.rename(staging, out_dir)
         shutil.rmtree(previous, ignore_errors=True)
@@ -140,20 +141,24 @@ def write_model(params: Mapping[str, Any], model_config, out_dir: str, *, pieces
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _mark(folder: str) -> None:
-    """Writes ``MARKER_FILE`` into ``folder``: made (or moved aside) by this process on this host."""
+def _mark(folder: str, as_name: str | None = None) -> None:
+    """Writes ``MARKER_FILE`` into ``folder``: made (or moved aside) by this process on this host, as the
+    folder named ``as_name`` (default: its own name)."""
     with open(os.path.join(folder, MARKER_FILE), "w") as f:
-        json.dump({"pid": os.getpid(), "host": socket.gethostname()}, f)
+        json.dump({"pid": os.getpid(), "host": socket.gethostname(),
+                   "folder": as_name or os.path.basename(folder)}, f)
 
 
 def _made_by(folder: str, pid: int) -> bool:
-    """Whether ``folder`` holds a ``MARKER_FILE`` naming process ``pid`` on this host."""
+    """Whether ``folder`` holds a ``MARKER_FILE`` naming process ``pid`` on this host and ``folder``'s own
+    name (a copy of a marked folder under another name is not that folder)."""
     try:
         with open(os.path.join(folder, MARKER_FILE)) as f:
             maker = json.load(f)
     except (OSError, ValueError):
         return False
-    return isinstance(maker, dict) and maker.get("pid") == pid and maker.get("host") == socket.gethostname()
+    return (isinstance(maker, dict) and maker.get("pid") == pid and maker.get("host") == socket.gethostname()
+            and maker.get("folder") == os.path.basename(folder))
 
 
 def _sha256(path: str) -> str:
@@ -169,8 +174,9 @@ def recover_leftovers(out_dir: str) -> None:
 
     Its staging folder ``<out_dir>.<pid>.tmp`` is removed. Its ``<out_dir>.<pid>.old`` is the previous
     export: moved back to ``out_dir`` when the exporter died between its two renames (``out_dir`` missing),
-    removed otherwise. Only folders whose ``MARKER_FILE`` names that pid on this host are taken, and only
-    once that process is gone: a user's ``<out_dir>.20261206.old`` backup is never removed or renamed.
+    removed otherwise. Only folders whose ``MARKER_FILE`` names that pid on this host and their own name
+    are taken, and only once that process is gone: a user's ``<out_dir>.20261206.old`` backup, or a copy of
+    an export renamed ``<out_dir>.<pid in its marker>.old``, is never removed or renamed.
     """
     out_dir = os.path.abspath(out_dir)
     folder, name = os.path.split(out_dir)
