@@ -169,6 +169,39 @@ def test_trained_model_greedy_outputs_and_scores_equal_ours(variant, pieces, tmp
     assert largest <= SCORE_TOLERANCE
 
 
+def test_the_export_decodes_through_ctranslate2s_own_api(pieces, tmp_path):
+    """As CTranslate2's documentation shows, without this project's engine: a Translator on the export, the
+    SentencePiece pieces of each sentence (no EOS), translate_batch and score_batch with their defaults.
+    The greedy translations are the JAX engine's and the log probabilities ours: the export's config has
+    CTranslate2 append the EOS our model reads at the end of every source."""
+    import sentencepiece
+
+    cfg = _model_config(len(pieces))
+    params = _train(cfg)
+    tokenizer_path = tmp_path / "spm.model"
+    tokenizer_path.write_bytes(word_tokenizer().model_proto)
+    out_dir = str(tmp_path / "model")
+    ctranslate2_engine.write_model(params, cfg, out_dir, pieces=pieces, quantization="float32", record={},
+                                   tokenizer_path=str(tokenizer_path))
+    sources, _ = _reversal_batch(np.random.default_rng(9), 16, cfg.vocab_size)
+    texts = [word_tokenizer().decode(row) for row in sources]
+
+    translator = ctranslate2.Translator(out_dir)
+    sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(out_dir, "spm.model"))
+    source_pieces = sp.encode(texts, out_type=str)
+    results = translator.translate_batch(source_pieces, beam_size=1)
+    theirs = [sp.decode(result.hypotheses[0]) for result in results]
+
+    settings = translation.Settings(beam_size=1, max_extra_len=MAX_EXTRA_LEN)
+    assert theirs == translation.translate_texts(params, cfg, word_tokenizer(), texts, settings)
+    target_pieces = sp.encode(theirs, out_type=str)
+    scores = translator.score_batch(source_pieces, target_pieces)  # each token's, then EOS's
+    ids = [np.asarray([*sp.piece_to_id(p), EOS_ID], np.int32) for p in source_pieces]
+    outputs = [np.asarray([*sp.piece_to_id(p), EOS_ID], np.int32) for p in target_pieces]
+    for ours, score in zip(_teacher_forced_log_probs(params, cfg, ids, outputs), scores, strict=True):
+        np.testing.assert_allclose(score.log_probs, ours, atol=SCORE_TOLERANCE)
+
+
 def test_outputs_that_reach_their_length_limit_are_equal(pieces, tmp_path):
     """Wide random weights: outputs run to ``source length + max_extra_len`` without EOS, cut per
     sentence as ours are, although CTranslate2 takes one length limit per call."""

@@ -3,8 +3,9 @@
 CTranslate2 (https://github.com/OpenNMT/CTranslate2) is a C++ inference engine for encoder-decoder
 Transformers. How our parameters map to its ``TransformerSpec``, and which models can be exported, is
 ``ctranslate2_spec``'s; this module writes an export folder (:func:`write_model`, :func:`export_workdir`),
-checks one before it is read (its record, tokenizer and run), and decodes with it. Sources get EOS appended,
-PAD is banned and the minimum output length is 0.
+checks one before it is read (its record, tokenizer and run), and decodes with it. The export's config has
+CTranslate2 append EOS to each source (``add_source_eos``), as our model was trained, so that its own API
+decodes the export right; PAD is banned and the minimum output length is 0.
 
 Decoding (:class:`Engine`) keeps the contract of ``translation.decode_ids``: ids in, outputs in
 ``decode``'s convention out. Greedy search gives the same tokens as ours. Beam search differs in two
@@ -346,6 +347,9 @@ class Engine:
                                                      inter_threads=1, intra_threads=threads)
             with open(os.path.join(model_dir, VOCABULARY_FILE), encoding="utf-8") as f:
                 self.pieces = json.load(f)
+            with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
+                # An export made before add_source_eos is given the EOS of our sources itself.
+                self.appends_eos = bool(json.load(f).get("add_source_eos"))
         except (OSError, RuntimeError, ValueError, IndexError) as e:  # a file missing, cut short or changed
             raise _damaged(model_dir, errors.short_error(e), workdir) from None
         vocab_size = record.get("model", {}).get("vocab_size", len(self.pieces))
@@ -361,6 +365,14 @@ class Engine:
     @property
     def compute_type(self) -> str:
         return self.translator.compute_type
+
+    def _source_pieces(self, ids: np.ndarray) -> list[str]:
+        """CTranslate2's pieces of a source int32[len] (EOS included): without its EOS where the export's
+        config has CTranslate2 append it."""
+        ids = list(ids)
+        if self.appends_eos and ids and ids[-1] == EOS_ID:
+            ids = ids[:-1]
+        return [self.pieces[t] for t in ids]
 
     def decode_ids(self, ids: Sequence[np.ndarray], settings, *,
                    progress: Callable[[int], None] | None = None) -> list[np.ndarray]:
@@ -390,7 +402,7 @@ class Engine:
         for length, members in sorted(by_length.items()):
             limit = length + settings.max_extra_len
             results = self.translator.translate_batch(
-                [[self.pieces[t] for t in ids[i]] for i in members], max_batch_size=self.max_batch_size,
+                [self._source_pieces(ids[i]) for i in members], max_batch_size=self.max_batch_size,
                 beam_size=settings.beam_size, length_penalty=matched_length_penalty(settings.alpha, [length]),
                 max_input_length=0, max_decoding_length=limit, min_decoding_length=0,
                 return_end_token=True, suppress_sequences=[[self.pieces[PAD_ID]]])
@@ -411,7 +423,7 @@ class Engine:
             out = list(np.asarray(out))
             end = min([out.index(t) for t in (EOS_ID, PAD_ID) if t in out], default=len(out))
             targets.append([self.pieces[i] for i in out[:end]])
-        results = self.translator.score_batch([[self.pieces[i] for i in s] for s in ids], targets,
+        results = self.translator.score_batch([self._source_pieces(s) for s in ids], targets,
                                               max_input_length=0)
         return [np.asarray(r.log_probs, np.float32) for r in results]
 

@@ -22,7 +22,8 @@ our own decoder:
   * LayerNorm epsilon is Flax's 1e-6 (CTranslate2's default is 1e-5);
   * the shared embedding is the source and target embedding (times sqrt(d_model)) and the output
     projection, without bias;
-  * the decoder starts with our BOS piece and stops at EOS;
+  * the decoder starts with our BOS piece and stops at EOS; sources end with EOS, which the export's config
+    has CTranslate2 append (``add_source_eos``), so pieces passed as its documentation shows decode right;
   * one head size: d_k != d_v cannot be expressed.
 
 :func:`check_exportable` refuses, before anything is written, a model field this mapping does not know.
@@ -269,6 +270,7 @@ def model_spec(params: Mapping[str, Any], model_config, pieces: Sequence[str]):
     spec.config.bos_token = pieces[BOS_ID]
     spec.config.eos_token = pieces[EOS_ID]
     spec.config.decoder_start_token = pieces[BOS_ID]
+    spec.config.add_source_eos = True  # our sources end with EOS: CTranslate2's own API appends it
     spec.register_source_vocabulary(list(pieces))
     spec.register_target_vocabulary(list(pieces))
     return spec
