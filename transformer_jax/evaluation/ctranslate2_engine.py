@@ -7,12 +7,14 @@ checks one before it is read (its record, tokenizer and run), and decodes with i
 CTranslate2 append EOS to each source (``add_source_eos``), as our model was trained, so that its own API
 decodes the export right; PAD is banned and the minimum output length is 0.
 
-Decoding (:class:`Engine`) keeps the contract of ``translation.decode_ids``: ids in, outputs in
-``decode``'s convention out. Greedy search gives the same tokens as ours. Beam search differs in two
-documented ways: CTranslate2's length penalty is the plain power |Y|^p, so the GNMT penalty
-((5 + |Y|) / 6)^alpha is matched at each source's length (:func:`matched_length_penalty`), and
-its beam stops after ``beam_size`` finished hypotheses. Sources are decoded in one call per length, so
-that each has its own length limit and penalty and no output depends on the other sources.
+Decoding (:class:`Engine`) keeps the contract of ``translation.decode_ids``: ids in, outputs in ``decode``'s
+convention out. Greedy search gives the same tokens as ours. Beam search differs in three documented ways:
+CTranslate2's length penalty is the plain power |Y|^p, so the GNMT penalty ((5 + |Y|) / 6)^alpha is matched at
+each source's length (:func:`matched_length_penalty`); its beam stops after ``beam_size`` finished hypotheses;
+and it keeps a hypothesis that ends (EOS) only when it is among the best ``beam_size`` of the step's
+``2 * beam_size`` candidates, ours wherever it ends among them (the same alive ones otherwise, so without a
+length penalty ours is never less probable). Sources are decoded in one call per length, so that each has its
+own length limit and penalty and no output depends on the other sources.
 """
 
 from __future__ import annotations
