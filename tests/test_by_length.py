@@ -9,7 +9,7 @@ import pytest
 
 from transformer_jax import data as data_lib
 from transformer_jax.checkpoints.restore import restore_workdir
-from transformer_jax.evaluation import bleu, by_length, translation
+from transformer_jax.evaluation import bleu, by_length, translation, workdir_scoring
 from transformer_jax.model.special_ids import EOS_ID, PAD_ID
 from transformer_jax.runtime.errors import ConfigError, DataError
 from transformer_jax.training import loop
@@ -119,7 +119,61 @@ def test_a_learned_table_refuses_a_longer_input_in_one_line(restored):
     assert "\n" not in str(info.value)
     assert translation.source_limit(cfg, 4) == 8
     assert translation.source_limit(restored.model_config, 4) is None  # sinusoidal: any length
-    assert translation.source_limit(restored.model_config.replace(max_len=12), 4, "ctranslate2") == 8
+
+
+@pytest.mark.parametrize("scheme, positions", [("rotary", None), ("relative", None), ("learned", 12),
+                                               ("sinusoidal", 1024), ("none", 1024), ("alibi", 1024)])
+def test_ctranslate2_takes_the_lengths_its_export_holds(restored, scheme, positions):
+    """Not model.max_len for every scheme: any length under rotary and relative positions, max(max_len,
+    1024) for the exported tables and ALiBi's buckets. A source within them is neither refused nor cut by
+    --truncate; one past them is refused naming what holds the positions."""
+    cfg = restored.model_config.replace(position_encoding=scheme, max_len=12)
+    settings = translation.Settings(beam_size=1, max_extra_len=4)
+    assert translation.source_limit(cfg, 4, "ctranslate2") == (None if positions is None else positions - 4)
+    decoded = []
+
+    def decode_fn(ids, settings, progress):  # the engine: records what it is given
+        decoded.extend(ids)
+        return [np.asarray([EOS_ID], np.int32) for _ in ids]
+
+    text = " ".join(["The dog sleeps."] * 4)  # longer than model.max_len, shorter than 1020
+    n = len(restored.tokenizer.encode_text([text], side="source")[0]) + 1
+    assert 12 < n < 1020
+    for truncate in (False, True) if scheme != "learned" else ():
+        translation.translate_texts(None, cfg, restored.tokenizer, [text], settings, truncate=truncate,
+                                    decode_fn=decode_fn)
+        assert len(decoded.pop()) == n
+    if positions is None:
+        return
+    long_text = " ".join(["The dog sleeps."] * (positions // 3))
+    n = len(restored.tokenizer.encode_text([long_text], side="source")[0]) + 1
+    holds = {"learned": "learned position table has", "alibi": "ALiBi encoder buckets are exact for",
+             "sinusoidal": "sinusoid table has", "none": "zero position table has"}[scheme]
+    holder = (f"{holds} model.max_len=12 positions" if scheme == "learned" else
+              f"{holds} 1024 positions, the larger of model.max_len=12 and 1024")
+    with pytest.raises(DataError) as refused:
+        translation.translate_texts(None, cfg, restored.tokenizer, [long_text], settings, decode_fn=decode_fn)
+    assert str(refused.value).startswith(f"line 1: {n} tokens (EOS included), more than the {positions - 4} "
+                                         "this model can decode (the CTranslate2 export's ")
+    assert f"{holder}, less the output allowance max_extra_len=4)" in str(refused.value)
+
+
+def test_evaluate_bounds_ctranslate2_by_what_its_export_holds(restored):
+    """evaluate.py's check of --max_extra_len against the largest length bucket, before anything is
+    claimed: under rotary positions nothing bounds it; the exported sinusoid holds 1024 positions, not
+    model.max_len."""
+    data = restored.run.data
+    largest = max(data.length_buckets)
+    rotary = restored.model_config.replace(position_encoding="rotary", max_len=12)
+    sinusoid = restored.model_config.replace(max_len=12)
+    assert workdir_scoring._decodable_length(rotary, data, 500, "ctranslate2") is None
+    assert workdir_scoring._decodable_length(sinusoid, data, 500, "ctranslate2") == 1024 - 500
+    with pytest.raises(ConfigError) as refused:
+        workdir_scoring._decodable_length(sinusoid, data, 1000, "ctranslate2")
+    assert str(refused.value) == (
+        "--max_extra_len=1000: the CTranslate2 export's sinusoid table has 1024 positions, the larger of "
+        f"model.max_len=12 and 1024, which leaves room for at most {1024 - largest} output positions beyond "
+        f"the largest length bucket {largest}; pass --max_extra_len={1024 - largest} or less")
 
 
 def test_dev_and_test_keep_every_length_whatever_the_training_length(restored):

@@ -57,14 +57,19 @@ VARIANTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def pieces():
-    """The 44 pieces of a word-level SentencePiece model over the words w0..w39 (specials included)."""
+@functools.cache
+def word_tokenizer() -> tokenizer_lib.Tokenizer:
+    """A word-level SentencePiece model over the words w0..w39: 44 pieces, specials included."""
     rng = np.random.default_rng(0)
     words = [f"w{i}" for i in range(NUM_WORDS)]
     sentences = [" ".join(rng.choice(words, rng.integers(3, 12))) for _ in range(2000)]
-    model = tokenizer_lib.train_tokenizer(sentences, vocab_size=44, vocab_type="word")
-    return ctranslate2_engine.workdir_pieces(tokenizer_lib.Tokenizer(model))
+    return tokenizer_lib.Tokenizer(tokenizer_lib.train_tokenizer(sentences, vocab_size=44, vocab_type="word"))
+
+
+@pytest.fixture(scope="module")
+def pieces():
+    """The pieces of :func:`word_tokenizer`, one a token id."""
+    return ctranslate2_engine.workdir_pieces(word_tokenizer())
 
 
 def _model_config(vocab_size: int, **overrides) -> ModelConfig:
@@ -162,6 +167,39 @@ def test_trained_model_greedy_outputs_and_scores_equal_ours(variant, pieces, tmp
     differing, largest, _ = _witness(_train(cfg), cfg, pieces, str(tmp_path / "model"))
     assert differing == 0
     assert largest <= SCORE_TOLERANCE
+
+
+def test_the_export_decodes_through_ctranslate2s_own_api(pieces, tmp_path):
+    """As CTranslate2's documentation shows, without this project's engine: a Translator on the export, the
+    SentencePiece pieces of each sentence (no EOS), translate_batch and score_batch with their defaults.
+    The greedy translations are the JAX engine's and the log probabilities ours: the export's config has
+    CTranslate2 append the EOS our model reads at the end of every source."""
+    import sentencepiece
+
+    cfg = _model_config(len(pieces))
+    params = _train(cfg)
+    tokenizer_path = tmp_path / "spm.model"
+    tokenizer_path.write_bytes(word_tokenizer().model_proto)
+    out_dir = str(tmp_path / "model")
+    ctranslate2_engine.write_model(params, cfg, out_dir, pieces=pieces, quantization="float32", record={},
+                                   tokenizer_path=str(tokenizer_path))
+    sources, _ = _reversal_batch(np.random.default_rng(9), 16, cfg.vocab_size)
+    texts = [word_tokenizer().decode(row) for row in sources]
+
+    translator = ctranslate2.Translator(out_dir)
+    sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(out_dir, "spm.model"))
+    source_pieces = sp.encode(texts, out_type=str)
+    results = translator.translate_batch(source_pieces, beam_size=1)
+    theirs = [sp.decode(result.hypotheses[0]) for result in results]
+
+    settings = translation.Settings(beam_size=1, max_extra_len=MAX_EXTRA_LEN)
+    assert theirs == translation.translate_texts(params, cfg, word_tokenizer(), texts, settings)
+    target_pieces = sp.encode(theirs, out_type=str)
+    scores = translator.score_batch(source_pieces, target_pieces)  # each token's, then EOS's
+    ids = [np.asarray([*sp.piece_to_id(p), EOS_ID], np.int32) for p in source_pieces]
+    outputs = [np.asarray([*sp.piece_to_id(p), EOS_ID], np.int32) for p in target_pieces]
+    for ours, score in zip(_teacher_forced_log_probs(params, cfg, ids, outputs), scores, strict=True):
+        np.testing.assert_allclose(score.log_probs, ours, atol=SCORE_TOLERANCE)
 
 
 def test_outputs_that_reach_their_length_limit_are_equal(pieces, tmp_path):
@@ -338,6 +376,22 @@ def test_evaluate_with_ctranslate2_names_its_outputs_and_matches_jax_greedy(work
     assert (result["engine"], result["quantization"]) == ("ctranslate2", "float32")
 
 
+def test_evaluate_refuses_a_model_the_export_cannot_express_before_claiming_or_computing(tmp_path,
+                                                                                      monkeypatch):
+    """d_k != d_v: refused in one line before the outputs are claimed and before perplexity or the
+    averaged parameters are computed."""
+    workdir = str(tmp_path / "workdir")
+    untrained_workdir(config_with({**TINY, "model.d_k": 6, "model.d_v": 4}), workdir, steps=(2,))
+    for module, name in ((workdir_scoring.evaluate_args, "claimed_outputs"),
+                         (workdir_scoring.scoring, "perplexity"), (workdir_scoring, "averaged_params")):
+        monkeypatch.setattr(module, name, lambda *a, name=name, **k: pytest.fail(f"{name} before the check"))
+    with pytest.raises(ConfigError, match=r"^CTranslate2 has one head size, but this model has d_k=6 and "
+                       "d_v=4"):
+        workdir_scoring.evaluate_workdir(workdir, split="dev", beam_size=1, output_dir=str(tmp_path / "eval"),
+                                         engine="ctranslate2")
+    assert os.listdir(tmp_path / "eval") == []  # no claim, no output
+
+
 def test_throughput_benchmark_has_a_ctranslate2_column(workdir, tmp_path, capsys):
     """Greedy float32: CTranslate2's outputs are JAX's, so their target token counts are equal."""
     from transformer_jax.benchmarks import decoding
@@ -406,22 +460,30 @@ def _truncate(path, size: int) -> None:
         f.truncate(size)
 
 
-def _flip_a_bit(path) -> None:
-    """One bit of a weight in the middle of the file flipped: same size, the model still loads."""
+def _flip_a_bit(path, offset: int | None = None) -> None:
+    """One bit flipped at ``offset`` (default: a weight in the middle of the file): same size."""
     with open(path, "r+b") as f:
-        f.seek(os.path.getsize(path) // 2)
+        f.seek(os.path.getsize(path) // 2 if offset is None else offset)
         byte = f.read(1)[0]
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte ^ 0x10]))
 
 
+def _flip_a_bit_in_a_name(path) -> None:
+    """One bit flipped inside a variable's name in model.bin: CTranslate2 then misses that variable."""
+    with open(path, "rb") as f:
+        offset = f.read().index(b"encoder/layer_0/self_attention/linear_0/weight")
+    _flip_a_bit(path, offset + len("encoder/layer_0/self_"))
+
+
 @pytest.mark.parametrize("damage, what", [
-    (lambda d: os.remove(os.path.join(d, "model.bin")), "RuntimeError: Unable to open file 'model.bin'"),
-    (lambda d: _truncate(os.path.join(d, "model.bin"), 1000), "invalid payload size"),
+    (lambda d: os.remove(os.path.join(d, "model.bin")), "model.bin does not read (No such file"),
+    (lambda d: _truncate(os.path.join(d, "model.bin"), 1000), "model.bin changed after the export (sha256 "),
     (lambda d: _append(os.path.join(d, "export.json"), b"{"), "export.json does not read (JSONDecodeError"),
     (lambda d: _append(os.path.join(d, "spm.model"), b"garbage"), "spm.model changed after the export"),
-    (lambda d: os.remove(os.path.join(d, "shared_vocabulary.json")), "Cannot load the target vocabulary"),
+    (lambda d: os.remove(os.path.join(d, "shared_vocabulary.json")), "shared_vocabulary.json does not read"),
     (lambda d: _flip_a_bit(os.path.join(d, "model.bin")), "model.bin changed after the export (sha256 "),
+    (lambda d: _flip_a_bit_in_a_name(os.path.join(d, "model.bin")), "model.bin changed after the export"),
 ])
 def test_a_damaged_export_is_one_line_with_the_command_that_remakes_it(workdir, tmp_path, damage, what):
     export_dir = _exported_copy(workdir, tmp_path)
@@ -460,6 +522,25 @@ def test_export_out_under_a_file_is_one_line_before_restoring(workdir, tmp_path,
         ctranslate2_engine.export_workdir(workdir, out_dir=str(tmp_path / "afile.txt" / "sub"))
     assert str(error.value) == (f"--out={tmp_path / 'afile.txt' / 'sub'}: {tmp_path / 'afile.txt'} is a "
                                 "file, not a folder; choose another --out")
+
+
+def test_translate_names_its_own_flag_for_an_export_dir_it_cannot_make(workdir, tmp_path):
+    """translate makes a missing export in --export_dir; what stops it names --export_dir (it has no
+    --out)."""
+    (tmp_path / "afile.txt").write_text("mine")
+    (tmp_path / "in.txt").write_text(SENTENCES)
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "keep.txt").write_text("mine")
+    for export_dir, expected in (
+            (tmp_path / "afile.txt" / "sub", f"{tmp_path / 'afile.txt'} is a file, not a folder; choose "
+                                             "another --export_dir"),
+            (notes, "exists and is not an export; choose a new or empty folder")):
+        with pytest.raises(ConfigError) as error:
+            workdir_scoring.translate_workdir(workdir, input_path=str(tmp_path / "in.txt"),
+                                              engine="ctranslate2", export_dir=str(export_dir), beam_size=1)
+        assert str(error.value).startswith(f"--export_dir={export_dir}")
+        assert str(error.value).endswith(expected) and "--out" not in str(error.value)
 
 
 def test_an_export_that_fills_the_disk_names_its_filesystem(workdir, tmp_path, monkeypatch):
@@ -506,12 +587,13 @@ ctranslate2_engine.export_workdir({workdir!r}, out_dir={out_dir!r})
     assert sorted(os.listdir(tmp_path)) == ["export", "in.txt", "out.txt"]
 
 
-def _leftover(path, pid: int, *, marked: bool = True) -> None:
-    """A folder ``path`` as an exporter of ``pid`` leaves it (its marker naming it), or a user's copy."""
+def _leftover(path, pid: int, *, marked: bool = True, folder: str | None = None) -> None:
+    """A folder ``path`` as an exporter of ``pid`` leaves it (its marker naming the pid and the folder,
+    ``folder`` for a copy made of another), or a user's folder without a marker."""
     path.mkdir()
     (path / "export.json").write_text("{}")
     if marked:
-        maker = {"pid": pid, "host": socket.gethostname()}
+        maker = {"pid": pid, "host": socket.gethostname(), "folder": folder or path.name}
         (path / ctranslate2_engine.MARKER_FILE).write_text(json.dumps(maker))
 
 
@@ -528,14 +610,18 @@ def test_recover_leftovers_puts_back_a_previous_export_a_killed_exporter_moved_a
 
 def test_a_users_folders_beside_the_export_are_never_touched(workdir, tmp_path):
     """A backup named like a leftover (``<export>.<digits>.old``, no process of that pid runs), a copy of a
-    killed exporter's folder under another number, and one without a marker: neither cleaned up nor
-    renamed into place when the export is missing; translate makes a new export instead."""
-    dead = subprocess.Popen(["true"])
+    killed exporter's folder under another number, one without a marker, and a copy of an export made by
+    a process now gone, named ``<export>.<pid in its marker>.old``: neither cleaned up nor renamed into
+    place when the export is missing; translate makes a new export instead."""
+    dead, gone = subprocess.Popen(["true"]), subprocess.Popen(["true"])
     dead.wait()
+    gone.wait()
     export_dir = tmp_path / "export"
     _leftover(tmp_path / "export.20261206.old", 20261206, marked=False)  # the user's backup
     _leftover(tmp_path / f"export.{dead.pid}.old", dead.pid, marked=False)  # a pid that does not run
     _leftover(tmp_path / f"export.{dead.pid + 1}.tmp", dead.pid)  # a copy: its marker names another pid
+    # A copy of an export: its marker names the exporter's (gone) pid and the folder it was staged in.
+    _leftover(tmp_path / f"export.{gone.pid}.old", gone.pid, folder=f"export.{gone.pid}.tmp")
     users = sorted(os.listdir(tmp_path))
     ctranslate2_engine.recover_leftovers(str(export_dir))
     assert sorted(os.listdir(tmp_path)) == users and not export_dir.exists()

@@ -1,13 +1,15 @@
 """The position schemes in the CTranslate2 export: each scheme passes the witness of
 tests/test_ctranslate2.py (CTranslate2's greedy outputs equal ours token for token, with the same per-token
-log probabilities), beam search gives our beams' outputs, inputs longer than max_len decode alike, and a
-scheme the export does not know is refused in one line before anything is written.
+log probabilities), at beam 3 each engine scores both engines' outputs alike and ours are never less
+probable, inputs longer than max_len decode alike, and a scheme the export does not know is refused in one
+line before anything is written.
 
 The models are tiny and untrained, with wide random weights (outputs run to their length limit, so every
-position of every search is compared). Each planted export bug (rotary's dimensions interleaved, the relative
-distance's sign flipped, the relative tables of two layers swapped or their key and value tables swapped,
-``none`` without its zero table, ALiBi's encoder slopes off by a factor, its decoder bias scaled by
-1/sqrt(d_k), its encoder buckets too few for the source) must fail the same comparison.
+position of every search is compared), and narrow ones for the beams (where the two searches differ). Each
+planted export bug (rotary's dimensions interleaved, the relative distance's sign flipped, the relative tables
+of two layers swapped or their key and value tables swapped, ``none`` without its zero table, ALiBi's encoder
+slopes off by a factor, its decoder bias scaled by 1/sqrt(d_k), its encoder buckets too few for the source)
+must fail the same comparison.
 """
 
 
@@ -17,7 +19,15 @@ import jax
 import numpy as np
 import pytest
 import test_ctranslate2 as witness_tests
-from test_ctranslate2 import MAX_EXTRA_LEN, SCORE_TOLERANCE, _model_config, _padded, _reversal_batch, _witness
+from test_ctranslate2 import (
+    MAX_EXTRA_LEN,
+    MAX_WORDS,
+    SCORE_TOLERANCE,
+    _model_config,
+    _padded,
+    _reversal_batch,
+    _witness,
+)
 from tiny import random_params
 
 from transformer_jax.evaluation import ctranslate2_engine, ctranslate2_spec, translation
@@ -61,19 +71,33 @@ def test_exported_scheme_greedy_outputs_and_scores_equal_ours(scheme, pieces, tm
     assert sum(EOS_ID not in out for out in outputs) >= SENTENCES // 2  # long outputs: every position used
 
 
+@pytest.mark.parametrize("weights", ["wide", "narrow"])
 @pytest.mark.parametrize("scheme", list(SCHEMES))
-def test_exported_scheme_beam_outputs_equal_ours(scheme, pieces, tmp_path):
-    """Beam 3 without a length penalty: CTranslate2's best beam is ours (the cached step's positions are
-    read for every beam, not only the best)."""
-    cfg, params = _config_and_params(pieces, scheme)
+def test_exported_scheme_beam_search_is_never_more_probable_than_ours(scheme, weights, pieces, tmp_path):
+    """Beam 3 without a length penalty, on wide and on narrow random weights. Each engine scores both
+    engines' outputs alike, token by token (the witness: the cached step's positions are read for every
+    beam, not only the best). The searches differ in one way: CTranslate2 keeps a finished hypothesis only
+    where it ends among the best ``beam_size`` of the ``2 * beam_size`` candidates of a step, ours wherever
+    it ends among them, and both keep the same alive ones; so where the outputs differ, ours is at least as
+    probable under either engine's scores."""
+    cfg = _model_config(len(pieces), **SCHEMES[scheme])
+    params = _random_params(cfg) if weights == "wide" else random_params(cfg, seed=5)
     out_dir = str(tmp_path / "model")
     ctranslate2_engine.write_model(params, cfg, out_dir, pieces=pieces, quantization="float32", record={})
+    engine = ctranslate2_engine.Engine(out_dir, threads=1)
     sources, _ = _reversal_batch(np.random.default_rng(9), SENTENCES, cfg.vocab_size)
     ids = [row[:list(row).index(EOS_ID) + 1] for row in sources]
     settings = translation.Settings(beam_size=3, alpha=0.0, max_extra_len=MAX_EXTRA_LEN)
-    ours = translation.decode_ids(params, cfg, ids, settings)
-    theirs = ctranslate2_engine.Engine(out_dir, threads=1).decode_ids(ids, settings)
-    assert sum(not np.array_equal(a, b) for a, b in zip(ours, theirs, strict=True)) == 0
+    scores = {}  # (whose output, which engine scores it) -> float[sentences], log P of each output
+    for whose, outputs in (("ours", translation.decode_ids(params, cfg, ids, settings)),
+                           ("theirs", engine.decode_ids(ids, settings))):
+        by_us, by_them = _token_log_probs(params, cfg, engine, ids, outputs)
+        assert max(float(np.abs(a - b).max()) for a, b in zip(by_us, by_them, strict=True)) <= SCORE_TOLERANCE
+        scores[whose, "jax"] = np.array([lp.sum() for lp in by_us])
+        scores[whose, "ctranslate2"] = np.array([lp.sum() for lp in by_them])
+    tolerance = SCORE_TOLERANCE * (MAX_WORDS + 1 + MAX_EXTRA_LEN)  # a sum of per-token differences
+    for scorer in ("jax", "ctranslate2"):
+        assert (scores["ours", scorer] >= scores["theirs", scorer] - tolerance).all(), scorer
 
 
 def _interleaved_rotary(options):
@@ -164,14 +188,23 @@ def test_every_model_scheme_is_exported():
     assert set(POSITION_ENCODINGS) == set(ctranslate2_spec.POSITION_EXPORTS)
 
 
-def _largest_score_difference(params, cfg, engine, ids, outputs) -> float:
-    """The largest difference between our and CTranslate2's log probabilities of ``outputs``' tokens."""
+def _token_log_probs(params, cfg, engine, ids, outputs) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(ours, CTranslate2's): float[len_i] log probabilities of each output's tokens (EOS included where it
+    has one; PAD left out), given its source."""
     outputs = [out[out != PAD_ID] for out in outputs]
     logits = model_lib.Transformer(cfg.replace(deterministic=True)).apply(
         {"params": params}, _padded(ids, max(map(len, ids))), _padded(outputs, max(map(len, outputs))))
     log_probs = np.asarray(jax.nn.log_softmax(logits, axis=-1))
-    return max(float(np.abs(lp[np.arange(len(out)), out] - theirs[:len(out)]).max())
-               for lp, out, theirs in zip(log_probs, outputs, engine.score(ids, outputs), strict=True))
+    ours = [lp[np.arange(len(out)), out] for lp, out in zip(log_probs, outputs, strict=True)]
+    # CTranslate2 scores EOS after an output that reached its limit without one: the tokens only.
+    theirs = [scored[:len(out)] for scored, out in zip(engine.score(ids, outputs), outputs, strict=True)]
+    return ours, theirs
+
+
+def _largest_score_difference(params, cfg, engine, ids, outputs) -> float:
+    """The largest difference between our and CTranslate2's log probabilities of ``outputs``' tokens."""
+    ours, theirs = _token_log_probs(params, cfg, engine, ids, outputs)
+    return max(float(np.abs(a - b).max()) for a, b in zip(ours, theirs, strict=True))
 
 
 def _sources(vocab_size: int, lengths) -> list[np.ndarray]:
@@ -204,6 +237,33 @@ def test_schemes_without_a_learned_table_decode_past_max_len(scheme, pieces, tmp
         None if scheme in ("rotary", "relative") else ctranslate2_spec.TABLE_POSITIONS)
     learned = _model_config(len(pieces), position_encoding="learned", max_len=8)
     assert ctranslate2_spec.exported_positions(learned) == 8
+
+
+def test_translate_takes_a_source_longer_than_max_len_where_the_export_does(pieces, tmp_path):
+    """translate's path (``translate_texts`` with the engine's ``decode_ids``) on a rotary model with
+    max_len 16: a source of 31 tokens reaches the engine whole, with or without ``truncate`` (nothing needs
+    cutting), and decodes as the JAX engine decodes it."""
+    cfg = _model_config(len(pieces), **{**SCHEMES["rotary"], "max_len": 16})
+    params = _random_params(cfg)
+    out_dir = str(tmp_path / "model")
+    ctranslate2_engine.write_model(params, cfg, out_dir, pieces=pieces, quantization="float32", record={})
+    engine = ctranslate2_engine.Engine(out_dir, threads=1)
+    tokenizer = witness_tests.word_tokenizer()
+    text = " ".join(f"w{i % witness_tests.NUM_WORDS}" for i in range(30))  # 30 words + EOS: 31 tokens
+    assert len(tokenizer.encode_text([text], side="source")[0]) + 1 == 31
+    settings = translation.Settings(beam_size=1, max_extra_len=MAX_EXTRA_LEN)
+    given, returned = [], []
+
+    def decode_fn(ids, settings, progress):  # the engine, recording what goes in and out
+        given[:] = ids
+        returned[:] = engine.decode_ids(ids, settings, progress=progress)
+        return returned
+
+    for truncate in (False, True):
+        translation.translate_texts(None, cfg, tokenizer, [text], settings, truncate=truncate,
+                                    decode_fn=decode_fn)
+        assert [len(ids) for ids in given] == [31]
+        np.testing.assert_array_equal(returned[0], translation.decode_ids(params, cfg, given, settings)[0])
 
 
 def test_alibi_encoder_buckets_are_exact_up_to_exported_positions_only(pieces, tmp_path, monkeypatch):

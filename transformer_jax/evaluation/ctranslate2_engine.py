@@ -3,15 +3,18 @@
 CTranslate2 (https://github.com/OpenNMT/CTranslate2) is a C++ inference engine for encoder-decoder
 Transformers. How our parameters map to its ``TransformerSpec``, and which models can be exported, is
 ``ctranslate2_spec``'s; this module writes an export folder (:func:`write_model`, :func:`export_workdir`),
-checks one before it is read (its record, tokenizer and run), and decodes with it. Sources get EOS appended,
-PAD is banned and the minimum output length is 0.
+checks one before it is read (its record, tokenizer and run), and decodes with it. The export's config has
+CTranslate2 append EOS to each source (``add_source_eos``), as our model was trained, so that its own API
+decodes the export right; PAD is banned and the minimum output length is 0.
 
-Decoding (:class:`Engine`) keeps the contract of ``translation.decode_ids``: ids in, outputs in
-``decode``'s convention out. Greedy search gives the same tokens as ours. Beam search differs in two
-documented ways: CTranslate2's length penalty is the plain power |Y|^p, so the GNMT penalty
-((5 + |Y|) / 6)^alpha is matched at each source's length (:func:`matched_length_penalty`), and
-its beam stops after ``beam_size`` finished hypotheses. Sources are decoded in one call per length, so
-that each has its own length limit and penalty and no output depends on the other sources.
+Decoding (:class:`Engine`) keeps the contract of ``translation.decode_ids``: ids in, outputs in ``decode``'s
+convention out. Greedy search gives the same tokens as ours. Beam search differs in three documented ways:
+CTranslate2's length penalty is the plain power |Y|^p, so the GNMT penalty ((5 + |Y|) / 6)^alpha is matched at
+each source's length (:func:`matched_length_penalty`); its beam stops after ``beam_size`` finished hypotheses;
+and it keeps a hypothesis that ends (EOS) only when it is among the best ``beam_size`` of the step's
+``2 * beam_size`` candidates, ours wherever it ends among them (the same alive ones otherwise, so without a
+length penalty ours is never less probable). Sources are decoded in one call per length, so that each has its
+own length limit and penalty and no output depends on the other sources.
 """
 
 from __future__ import annotations
@@ -44,8 +47,9 @@ from transformer_jax.runtime.errors import ConfigError, DataError, DiskFullError
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "bfloat16")
 RECORD_FILE = "export.json"  # what was exported, beside CTranslate2's own files
 # Inside every folder the export makes (the export, its staging and moved-aside folders): the maker's pid and
-# host. Leftover cleanup and the rename back into place take only folders whose marker names the pid in
-# their name, on this host; anything else beside an export (a user's backup) is never touched.
+# host, and the folder's name. Leftover cleanup and the rename back into place take only folders whose marker
+# names the pid in their name, on this host, and that very name; anything else beside an export (a user's
+# backup, even a copy of an export renamed like a leftover) is never touched.
 MARKER_FILE = ".made_by_transformer_jax_export"
 TOKENIZER_FILE = "spm.model"
 VOCABULARY_FILE = "shared_vocabulary.json"  # CTranslate2's, written when source and target share one
@@ -78,16 +82,18 @@ def config_sha256(saved_config: Mapping[str, Any]) -> str:
 
 
 def write_model(params: Mapping[str, Any], model_config, out_dir: str, *, pieces: Sequence[str],
-                quantization: str, record: Mapping[str, Any], tokenizer_path: str | None = None) -> None:
+                quantization: str, record: Mapping[str, Any], tokenizer_path: str | None = None,
+                out_flag: str = "--out") -> None:
     """Exports ``params`` into ``out_dir``: CTranslate2's model files, ``RECORD_FILE`` and the tokenizer.
 
     The folder is written beside ``out_dir`` (``<out_dir>.<pid>.tmp``) and renamed into place (the
     previous one moved to ``<out_dir>.<pid>.old`` and removed), so ``out_dir`` holds a complete export or
     its previous content; each of these folders holds ``MARKER_FILE`` naming this process, and what a
     killed exporter left is cleaned up first (:func:`recover_leftovers`). A full disk raises DiskFullError
-    naming ``out_dir``'s filesystem. ``pieces`` is the vocabulary (one string a token id);
-    ``tokenizer_path``, when given, is copied in as ``TOKENIZER_FILE``. ``record`` is what was exported
-    (step, averaging, config hash, decoding defaults); the model's fields, the weight type, the SHA-256
+    naming ``out_dir``'s filesystem (and ``out_flag``, the option that chose it). ``pieces`` is the
+    vocabulary (one string a token id); ``tokenizer_path``, when given, is copied in as ``TOKENIZER_FILE``.
+    ``record`` is what was exported (step, averaging, config hash, decoding defaults); the model's fields,
+    the weight type, the SHA-256
     of each of CTranslate2's files (``files_sha256``: model.bin, its config and vocabulary) and the
     positions the export decodes (``positions``: ``exported_positions``, None for any length) are added.
     """
@@ -123,7 +129,7 @@ def write_model(params: Mapping[str, Any], model_config, out_dir: str, *, pieces
                        "files_sha256": files, "positions": exported_positions(model_config), "model": model},
                       f, indent=1)
         if os.path.exists(out_dir):
-            _mark(out_dir)  # it is about to be moved aside as this process's .old
+            _mark(out_dir, as_name=os.path.basename(previous))  # about to be moved aside as that
             os.rename(out_dir, previous)
         os.rename(staging, out_dir)
         shutil.rmtree(previous, ignore_errors=True)
@@ -133,25 +139,29 @@ def write_model(params: Mapping[str, Any], model_config, out_dir: str, *, pieces
         kept = "the previous export there is kept" if os.path.exists(out_dir) else "nothing was written"
         raise DiskFullError(f"no space left writing the export to {out_dir}: "
                             f"{disk.describe_filesystem(out_dir)} ran out of space; {kept}. Free some space "
-                            "or choose another --out") from None
+                            f"or choose another {out_flag}") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _mark(folder: str) -> None:
-    """Writes ``MARKER_FILE`` into ``folder``: made (or moved aside) by this process on this host."""
+def _mark(folder: str, as_name: str | None = None) -> None:
+    """Writes ``MARKER_FILE`` into ``folder``: made (or moved aside) by this process on this host, as the
+    folder named ``as_name`` (default: its own name)."""
     with open(os.path.join(folder, MARKER_FILE), "w") as f:
-        json.dump({"pid": os.getpid(), "host": socket.gethostname()}, f)
+        json.dump({"pid": os.getpid(), "host": socket.gethostname(),
+                   "folder": as_name or os.path.basename(folder)}, f)
 
 
 def _made_by(folder: str, pid: int) -> bool:
-    """Whether ``folder`` holds a ``MARKER_FILE`` naming process ``pid`` on this host."""
+    """Whether ``folder`` holds a ``MARKER_FILE`` naming process ``pid`` on this host and ``folder``'s own
+    name (a copy of a marked folder under another name is not that folder)."""
     try:
         with open(os.path.join(folder, MARKER_FILE)) as f:
             maker = json.load(f)
     except (OSError, ValueError):
         return False
-    return isinstance(maker, dict) and maker.get("pid") == pid and maker.get("host") == socket.gethostname()
+    return (isinstance(maker, dict) and maker.get("pid") == pid and maker.get("host") == socket.gethostname()
+            and maker.get("folder") == os.path.basename(folder))
 
 
 def _sha256(path: str) -> str:
@@ -167,8 +177,9 @@ def recover_leftovers(out_dir: str) -> None:
 
     Its staging folder ``<out_dir>.<pid>.tmp`` is removed. Its ``<out_dir>.<pid>.old`` is the previous
     export: moved back to ``out_dir`` when the exporter died between its two renames (``out_dir`` missing),
-    removed otherwise. Only folders whose ``MARKER_FILE`` names that pid on this host are taken, and only
-    once that process is gone: a user's ``<out_dir>.20261206.old`` backup is never removed or renamed.
+    removed otherwise. Only folders whose ``MARKER_FILE`` names that pid on this host and their own name
+    are taken, and only once that process is gone: a user's ``<out_dir>.20261206.old`` backup, or a copy of
+    an export renamed ``<out_dir>.<pid in its marker>.old``, is never removed or renamed.
     """
     out_dir = os.path.abspath(out_dir)
     folder, name = os.path.split(out_dir)
@@ -332,18 +343,21 @@ class Engine:
         check_threads(threads)
         record = read_record(model_dir, workdir)  # an export of ours, or the error saying how to make one
         check_tokenizer_file(model_dir, record, workdir)
+        check_model_files(model_dir, record, workdir)  # before CTranslate2 reads a file it may choke on
         try:
             self.translator = ctranslate2.Translator(model_dir, device="cpu", compute_type=compute_type,
                                                      inter_threads=1, intra_threads=threads)
             with open(os.path.join(model_dir, VOCABULARY_FILE), encoding="utf-8") as f:
                 self.pieces = json.load(f)
-        except (OSError, RuntimeError, ValueError) as e:  # a file missing, cut short or changed
+            with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
+                # An export made before add_source_eos is given the EOS of our sources itself.
+                self.appends_eos = bool(json.load(f).get("add_source_eos"))
+        except (OSError, RuntimeError, ValueError, IndexError) as e:  # a file missing, cut short or changed
             raise _damaged(model_dir, errors.short_error(e), workdir) from None
         vocab_size = record.get("model", {}).get("vocab_size", len(self.pieces))
         if not isinstance(self.pieces, list) or len(self.pieces) != vocab_size:
             raise _damaged(model_dir, f"{VOCABULARY_FILE} does not hold the model's {vocab_size} pieces",
                            workdir)
-        check_model_files(model_dir, record, workdir)
         self.ids = {piece: i for i, piece in enumerate(self.pieces)}
         self.max_batch_size = max_batch_size
         # The longest source + output the export decodes (None: any length, or an export that predates it).
@@ -353,6 +367,14 @@ class Engine:
     @property
     def compute_type(self) -> str:
         return self.translator.compute_type
+
+    def _source_pieces(self, ids: np.ndarray) -> list[str]:
+        """CTranslate2's pieces of a source int32[len] (EOS included): without its EOS where the export's
+        config has CTranslate2 append it."""
+        ids = list(ids)
+        if self.appends_eos and ids and ids[-1] == EOS_ID:
+            ids = ids[:-1]
+        return [self.pieces[t] for t in ids]
 
     def decode_ids(self, ids: Sequence[np.ndarray], settings, *,
                    progress: Callable[[int], None] | None = None) -> list[np.ndarray]:
@@ -382,7 +404,7 @@ class Engine:
         for length, members in sorted(by_length.items()):
             limit = length + settings.max_extra_len
             results = self.translator.translate_batch(
-                [[self.pieces[t] for t in ids[i]] for i in members], max_batch_size=self.max_batch_size,
+                [self._source_pieces(ids[i]) for i in members], max_batch_size=self.max_batch_size,
                 beam_size=settings.beam_size, length_penalty=matched_length_penalty(settings.alpha, [length]),
                 max_input_length=0, max_decoding_length=limit, min_decoding_length=0,
                 return_end_token=True, suppress_sequences=[[self.pieces[PAD_ID]]])
@@ -403,7 +425,7 @@ class Engine:
             out = list(np.asarray(out))
             end = min([out.index(t) for t in (EOS_ID, PAD_ID) if t in out], default=len(out))
             targets.append([self.pieces[i] for i in out[:end]])
-        results = self.translator.score_batch([[self.pieces[i] for i in s] for s in ids], targets,
+        results = self.translator.score_batch([self._source_pieces(s) for s in ids], targets,
                                               max_input_length=0)
         return [np.asarray(r.log_probs, np.float32) for r in results]
 
@@ -413,25 +435,28 @@ def default_export_dir(workdir: str) -> str:
     return os.path.join(workdir, "export", "ctranslate2")
 
 
-def _check_out_folder(out_dir: str) -> None:
-    """ConfigError when the folder ``out_dir`` would be made in cannot be: its nearest existing parent is a
-    file, or takes no new entry (read-only, no permission). Nothing is created."""
+def _check_out_folder(out_dir: str, out_flag: str) -> None:
+    """ConfigError naming ``out_flag`` when the folder ``out_dir`` would be made in cannot be: its nearest
+    existing parent is a file, or takes no new entry (read-only, no permission). Nothing is created."""
     parent = os.path.dirname(os.path.abspath(out_dir))
     while not os.path.exists(parent) and os.path.dirname(parent) != parent:
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
-        raise ConfigError(f"--out={out_dir}: {parent} is a file, not a folder; choose another --out")
+        raise ConfigError(f"{out_flag}={out_dir}: {parent} is a file, not a folder; choose another "
+                          f"{out_flag}")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out={out_dir}: cannot write in {parent} (read-only or no permission); choose "
-                          "another --out")
+        raise ConfigError(f"{out_flag}={out_dir}: cannot write in {parent} (read-only or no permission); "
+                          f"choose another {out_flag}")
 
 
 def export_workdir(workdir: str, *, out_dir: str | None = None, quantization: str | None = None,
-                   step: int | None = None, average_last: int | None = None) -> dict[str, Any]:
+                   step: int | None = None, average_last: int | None = None,
+                   out_flag: str = "--out") -> dict[str, Any]:
     """Exports a ``train.py`` workdir's model, averaged as ``translate`` averages it; returns the record.
 
     ``average_last`` None takes the run's ``final_average_last``; ``quantization`` None takes
-    :func:`default_quantization` of its width. Everything is checked before anything is written.
+    :func:`default_quantization` of its width. Everything is checked before anything is written; errors
+    about ``out_dir`` name it as ``out_flag`` (translate's ``--export_dir``, export's ``--out``).
     """
     import_ctranslate2()
     if quantization is not None and quantization not in QUANTIZATIONS:
@@ -443,8 +468,8 @@ def export_workdir(workdir: str, *, out_dir: str | None = None, quantization: st
     recover_leftovers(out_dir)
     if os.path.isfile(out_dir) or (os.path.isdir(out_dir) and os.listdir(out_dir)
                                    and not os.path.isfile(os.path.join(out_dir, RECORD_FILE))):
-        raise ConfigError(f"--out={out_dir} exists and is not an export; choose a new or empty folder")
-    _check_out_folder(out_dir)
+        raise ConfigError(f"{out_flag}={out_dir} exists and is not an export; choose a new or empty folder")
+    _check_out_folder(out_dir, out_flag)
     from transformer_jax.checkpoints.restore import averaged_params, restore_workdir
     from transformer_jax.data.text_form import text_form_of
     from transformer_jax.data.tokenizer import tokenizer_file
@@ -470,5 +495,6 @@ def export_workdir(workdir: str, *, out_dir: str | None = None, quantization: st
         "text_form": {"name": form.name, "src_lang": form.src_lang, "tgt_lang": form.tgt_lang},
     }
     write_model(params, restored.model_config, out_dir, pieces=workdir_pieces(restored.tokenizer),
-                quantization=quantization, record=record, tokenizer_path=str(tokenizer_file(workdir)))
+                quantization=quantization, record=record, tokenizer_path=str(tokenizer_file(workdir)),
+                out_flag=out_flag)
     return read_record(out_dir)

@@ -22,7 +22,8 @@ our own decoder:
   * LayerNorm epsilon is Flax's 1e-6 (CTranslate2's default is 1e-5);
   * the shared embedding is the source and target embedding (times sqrt(d_model)) and the output
     projection, without bias;
-  * the decoder starts with our BOS piece and stops at EOS;
+  * the decoder starts with our BOS piece and stops at EOS; sources end with EOS, which the export's config
+    has CTranslate2 append (``add_source_eos``), so pieces passed as its documentation shows decode right;
   * one head size: d_k != d_v cannot be expressed.
 
 :func:`check_exportable` refuses, before anything is written, a model field this mapping does not know.
@@ -154,6 +155,22 @@ def exported_positions(model_config) -> int | None:
     return max(model_config.max_len, TABLE_POSITIONS)
 
 
+def exported_positions_holder(model_config) -> str:
+    """What holds :func:`exported_positions` and how many, in words, for a scheme whose export has a bound:
+    "learned position table has model.max_len=16 positions", "sinusoid table has 1024 positions, the larger
+    of model.max_len=16 and 1024"."""
+    n = exported_positions(model_config)
+    if n is None:
+        raise ValueError(f"position_encoding={model_config.position_encoding!r} is exported for any length")
+    if model_config.position_encoding == "learned":
+        return f"learned position table has model.max_len={n} positions"
+    larger = f"the larger of model.max_len={model_config.max_len} and {TABLE_POSITIONS}"
+    if model_config.position_encoding == "alibi":
+        return f"ALiBi encoder buckets are exact for {n} positions, {larger}"
+    table = "sinusoid table" if model_config.position_encoding == "sinusoidal" else "zero position table"
+    return f"{table} has {n} positions, {larger}"
+
+
 def _position_table(params: Mapping[str, Any], stack: str, model_config) -> np.ndarray:
     """float32[exported_positions, d_model] added to the embeddings: the learned table, our sinusoid, or
     zeros."""
@@ -253,6 +270,7 @@ def model_spec(params: Mapping[str, Any], model_config, pieces: Sequence[str]):
     spec.config.bos_token = pieces[BOS_ID]
     spec.config.eos_token = pieces[EOS_ID]
     spec.config.decoder_start_token = pieces[BOS_ID]
+    spec.config.add_source_eos = True  # our sources end with EOS: CTranslate2's own API appends it
     spec.register_source_vocabulary(list(pieces))
     spec.register_target_vocabulary(list(pieces))
     return spec

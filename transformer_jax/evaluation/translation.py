@@ -183,23 +183,42 @@ def source_ids(tokenizer, texts: Sequence[str], *, max_length: int | None, trunc
     return ids
 
 
-def source_limit(model_config: ModelConfig, max_extra_len: int, engine: str = "jax") -> int | None:
-    """The longest source (EOS included) that ``engine`` decodes with ``max_extra_len`` output positions
-    to spare, or None for any length.
+def decodable_positions(model_config: ModelConfig, engine: str = "jax") -> int | None:
+    """The longest source or output (EOS included) that ``engine`` decodes, or None for any length.
 
     Only a learned position table bounds the JAX engine (``ModelConfig.position_limit``: its max_len rows
-    hold the source and the output alike); CTranslate2's export always writes a table of ``max_len``
-    positions.
+    hold the source and the output alike). CTranslate2 decodes what its export holds
+    (``ctranslate2_spec.exported_positions``, which the export records): any length under rotary and
+    relative positions, ``max(max_len, 1024)`` for the sinusoid's and ``none``'s tables and for ALiBi,
+    ``max_len`` for the learned table.
     """
-    limit = model_config.position_limit if engine == "jax" else model_config.max_len
+    if engine == "jax":
+        return model_config.position_limit
+    from transformer_jax.evaluation.ctranslate2_spec import exported_positions
+
+    return exported_positions(model_config)
+
+
+def source_limit(model_config: ModelConfig, max_extra_len: int, engine: str = "jax") -> int | None:
+    """The longest source (EOS included) that ``engine`` decodes with ``max_extra_len`` output positions
+    to spare (:func:`decodable_positions` less ``max_extra_len``), or None for any length."""
+    limit = decodable_positions(model_config, engine)
     return None if limit is None else limit - max_extra_len
+
+
+def limit_holder(model_config: ModelConfig, engine: str = "jax") -> str:
+    """What holds :func:`decodable_positions` and how many, in words: "its learned position table has
+    model.max_len=12 positions" (for a model whose ``engine`` bounds its lengths)."""
+    if engine == "jax":
+        return f"its learned position table has model.max_len={model_config.max_len} positions"
+    from transformer_jax.evaluation.ctranslate2_spec import exported_positions_holder
+
+    return f"the CTranslate2 export's {exported_positions_holder(model_config)}"
 
 
 def limit_reason(model_config: ModelConfig, max_extra_len: int, engine: str = "jax") -> str:
     """Why :func:`source_limit` bounds a source, in words, for the one-line errors."""
-    table = "its learned position table" if engine == "jax" else f"the {engine} export's position table"
-    return (f"{table} has model.max_len={model_config.max_len} positions, less the output allowance "
-            f"max_extra_len={max_extra_len}")
+    return f"{limit_holder(model_config, engine)}, less the output allowance max_extra_len={max_extra_len}"
 
 
 def translate_texts(params: Any, model_config: ModelConfig, tokenizer, texts: Sequence[str],
@@ -210,20 +229,21 @@ def translate_texts(params: Any, model_config: ModelConfig, tokenizer, texts: Se
                     decode_fn: Callable[..., list[np.ndarray]] | None = None) -> list[str]:
     """Detokenized translations of ``texts``, in their order; an empty (or blank) text gives "".
 
-    A text too long for the model (:func:`source_limit`: only a learned position table bounds the
-    JAX engine) raises DataError naming it (see :func:`source_ids`) unless ``truncate``.
+    A text too long for the engine (:func:`source_limit`: only a learned position table bounds the
+    JAX engine; CTranslate2 what its export holds) raises DataError naming it (see :func:`source_ids`)
+    unless ``truncate``, which cuts only such a text.
     ``decode_fn(ids, settings, progress=...)`` replaces :func:`decode_ids` (then
     ``params`` is unused), e.g. ``ctranslate2_engine.Engine.decode_ids``.
     """
     keep = [i for i, t in enumerate(texts) if normalize_whitespace(t)]
     engine = "jax" if decode_fn is None else "ctranslate2"
     max_length = source_limit(model_config, settings.max_extra_len, engine)
+    why = "" if max_length is None else limit_reason(model_config, settings.max_extra_len, engine)
     if max_length is not None and max_length < 1:
-        raise DataError(f"max_extra_len={settings.max_extra_len} leaves no room for a source in the "
-                        f"model's max_len={model_config.max_len}; pass a smaller --max_extra_len")
+        raise DataError(f"max_extra_len={settings.max_extra_len} leaves no room for a source: {why}; pass a "
+                        "smaller --max_extra_len")
     ids = source_ids(tokenizer, [texts[i] for i in keep], max_length=max_length, truncate=truncate,
-                     locations=[locations[i] if locations else f"line {i + 1}" for i in keep],
-                     why=limit_reason(model_config, settings.max_extra_len, engine))
+                     locations=[locations[i] if locations else f"line {i + 1}" for i in keep], why=why)
     if decode_fn is None:
         outputs = decode_ids(params, model_config, ids, settings, tokens_per_batch=tokens_per_batch,
                              progress=progress)

@@ -123,6 +123,8 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
     if engine not in task.engines:
         raise ConfigError(f"--engine={engine}: a {task.name} run decodes with {' or '.join(task.engines)}; "
                           "leave --engine out")
+    if engine == "ctranslate2":
+        ctranslate2_engine.check_exportable(model_config)
     # The other models are checked against the first before any output is claimed.
     members = [_ensemble_member(restored, d, average_last, from_config) for d in ensemble]
     others = [(d, steps) for d, (_, steps) in zip(ensemble, members, strict=True)]
@@ -250,8 +252,8 @@ def _check_engine(engine: str, threads: int | None, quantization: str | None) ->
 
 def _decodable_length(model_config: ModelConfig, data_config, max_extra_len: int,
                       engine: str = "jax") -> int | None:
-    """The longest padded input that leaves room for ``max_extra_len`` output positions in the position
-    table (``translation.source_limit``); None when the model has none to fill (any length decodes).
+    """The longest padded input that leaves room for ``max_extra_len`` output positions in what
+    ``engine`` decodes (``translation.source_limit``); None when nothing bounds it (any length decodes).
 
     Raises ConfigError when not even the largest length bucket fits (``--max_extra_len`` too large).
     """
@@ -260,11 +262,11 @@ def _decodable_length(model_config: ModelConfig, data_config, max_extra_len: int
         return None
     largest = max(data_config.length_buckets)
     if largest > limit:
-        room = model_config.max_len - largest
+        room = limit + max_extra_len - largest
+        holder = translation.limit_holder(model_config, engine)
         raise ConfigError(
-            f"--max_extra_len={max_extra_len}: the model's max_len={model_config.max_len} (its "
-            f"{'learned position' if engine == 'jax' else engine + ' position'} table) leaves room for at "
-            f"most {room} output positions beyond the largest length bucket {largest}; pass "
+            f"--max_extra_len={max_extra_len}: {holder}, which leaves room for at most {room} output "
+            f"positions beyond the largest length bucket {largest}; pass "
             f"--max_extra_len={max(room, 0)} or less")
     return limit
 
@@ -368,7 +370,8 @@ def _exported_model(workdir: str, export_dir, step, average_last, beam_size, alp
     if not os.path.isfile(os.path.join(export_dir, ctranslate2_engine.RECORD_FILE)):
         print(f"exporting the model to {export_dir} first (once; python -m transformer_jax.export)",
               file=sys.stderr)
-        ctranslate2_engine.export_workdir(workdir, out_dir=export_dir, step=step, average_last=average_last)
+        ctranslate2_engine.export_workdir(workdir, out_dir=export_dir, step=step, average_last=average_last,
+                                          out_flag="--export_dir")
     record = ctranslate2_engine.read_record(export_dir, workdir)
     missing = [k for k in ("step", "average_last", "decoding", "text_form", "model") if k not in record]
     if missing:
