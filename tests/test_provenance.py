@@ -42,6 +42,8 @@ def test_a_record_holds_every_field_and_no_empty_value(monkeypatch):
     assert record["versions"]["flax"] == importlib.metadata.version("flax")
     assert record["backend"] == jax.default_backend() and record["device_count"] == jax.device_count()
     assert record["matmul_peak"] == {"gflops": 123.4, "dtype": "float32", "size": 64}
+    isa = record["cpu"]["vector_isa"]
+    assert set(isa) <= set(provenance.VECTOR_ISA) if isinstance(isa, list) else isa.startswith("unknown: ")
     assert record["numerics"]["environment"]["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false"
     assert "JAX_COMPILATION_CACHE_DIR" not in record["numerics"]["environment"]
     assert record["numerics"]["jax"]["jax_default_matmul_precision"] == "highest"  # conftest's setting
@@ -121,6 +123,12 @@ def test_differences_name_each_aspect_and_its_results():
     line = provenance.differences({"a": _record(), "b": newer, "old": None})
     assert "2 JAX versions (jax 0.10.2 / jaxlib 0.10.2: a; jax 0.11.0 / jaxlib 0.11.0: b)" in line
     assert "old recorded no provenance" in line
+    # One model name, two instruction sets: XLA compiles other kernels, so they are two host kinds.
+    line = provenance.differences({
+        "avx2": _record(cpu={"model": "AMD EPYC", "vector_isa": ["avx2", "fma"], "cores": 2}),
+        "avx512": _record(cpu={"model": "AMD EPYC", "vector_isa": ["avx2", "fma", "avx512f"], "cores": 2})})
+    assert ("2 host kinds (AMD EPYC (avx2, fma), 2 cores: avx2; AMD EPYC (avx2, fma, avx512f), 2 cores: "
+            "avx512)") in line
 
 
 def test_a_run_resumed_on_another_host_counts_under_both(tmp_path):

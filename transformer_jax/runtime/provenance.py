@@ -8,7 +8,8 @@ on another instruction set), so every run says where it ran. ``collect`` reads o
 - ``versions``: python and the packages that compute or score (``PACKAGES``);
 - ``backend``, ``device_kind``, ``device_count``, ``process_count`` (the devices of every process; the
   CPU is process 0's);
-- ``cpu``: its model name and the cores this process may use;
+- ``cpu``: its model name, the vector instruction sets it has that XLA compiles for (two hosts of one model
+  name can differ there), and the cores this process may use;
 - ``matmul_peak``: the peak the run measured at start-up (``timing.matmul_peak``), as GFLOP/s, dtype, size;
 - ``numerics``: the environment variables that change numerics (``XLA_FLAGS``, ``JAX_*``...) and the jax
   settings in force that do (matmul precision, x64, the PRNG);
@@ -52,6 +53,9 @@ JAX_SETTINGS = ("jax_default_matmul_precision", "jax_enable_x64", "jax_default_p
                 "jax_threefry_partitionable")
 # Fields that do not describe the host or the code: a resume's own start time and peak.
 PER_START = ("started", "matmul_peak")
+# The CPU flags (/proc/cpuinfo) that change which kernels XLA's CPU backend emits: x86, then Arm.
+VECTOR_ISA = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
+              "avx512_fp16", "amx_tile", "amx_bf16", "asimd", "sve", "sve2")
 UNKNOWN = "unknown"
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _GIT_SECONDS = 10
@@ -85,7 +89,7 @@ def collect(*, config: Mapping[str, Any] | None = None, peak=None, peak_missing:
         "device_kind": kinds[0] if len(kinds) == 1 else kinds,
         "device_count": jax.device_count(),
         "process_count": jax.process_count(),
-        "cpu": {"model": cpu_model(), "cores": _usable_cores()},
+        "cpu": {"model": cpu_model(), "vector_isa": cpu_vector_isa(), "cores": _usable_cores()},
         "matmul_peak": (unknown(peak_missing) if peak is None else
                         {"gflops": round(peak.best_flops / 1e9, 1), "dtype": peak.dtype, "size": peak.size}),
         "numerics": numerics_settings(),
@@ -119,17 +123,32 @@ def package_version(name: str) -> str:
         return unknown("not installed")
 
 
-def cpu_model() -> str:
-    """The CPU's model name (Linux ``/proc/cpuinfo``; elsewhere what ``platform`` says)."""
+def _cpuinfo(keys: tuple[str, ...]) -> str | None:
+    """The first value of one of ``keys`` in Linux's ``/proc/cpuinfo``; None when there is none."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                if key.strip() in ("model name", "Model", "cpu model") and value.strip():
+                if key.strip() in keys and value.strip():
                     return value.strip()
     except OSError:
         pass
-    return platform.processor() or unknown(f"no model name in /proc/cpuinfo or platform ({sys.platform})")
+    return None
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux ``/proc/cpuinfo``; elsewhere what ``platform`` says)."""
+    return (_cpuinfo(("model name", "Model", "cpu model")) or platform.processor()
+            or unknown(f"no model name in /proc/cpuinfo or platform ({sys.platform})"))
+
+
+def cpu_vector_isa() -> list[str] | str:
+    """The vector instruction sets XLA's CPU backend may compile for (``VECTOR_ISA``) that this CPU has:
+    two hosts with one model name can differ here, and so can their results."""
+    flags = _cpuinfo(("flags", "Features"))
+    if flags is None:
+        return unknown(f"no CPU flags in /proc/cpuinfo ({sys.platform})")
+    return [isa for isa in VECTOR_ISA if isa in flags.split()]
 
 
 def _usable_cores() -> int:
@@ -226,10 +245,13 @@ def _records(provenance: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def host_kind(record: Mapping[str, Any]) -> str:
-    """``"<device kind> x<count>"`` on an accelerator, ``"<CPU model>, <cores> cores"`` on a CPU."""
+    """``"<device kind> x<count>"`` on an accelerator, ``"<CPU model> (<vector ISA>), <cores> cores"`` on a
+    CPU."""
     if record.get("backend") == "cpu":
         cpu = record.get("cpu", {})
-        return f"{cpu.get('model', UNKNOWN)}, {cpu.get('cores', '?')} cores"
+        isa = cpu.get("vector_isa")
+        isa_text = f" ({', '.join(isa) or 'no vector ISA'})" if isinstance(isa, list) else ""
+        return f"{cpu.get('model', UNKNOWN)}{isa_text}, {cpu.get('cores', '?')} cores"
     kind = record.get("device_kind", UNKNOWN)
     kind = "+".join(kind) if isinstance(kind, list) else kind
     return f"{kind} x{record.get('device_count', '?')}"
