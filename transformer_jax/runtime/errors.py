@@ -160,6 +160,20 @@ def _check_config_file(argv: list[str], name: str) -> None:
                     "with get_config(), such as configs/default.py")
 
 
+def last_override_wins(argv: list[str], name: str = "config") -> list[str]:
+    """``argv`` without the ``--<name>.field=value`` overrides that a later one of the same field replaces.
+
+    absl keeps the last value of a repeated flag, but ml_collections joins the repeats of a tuple field
+    into one tuple (``--config.data.length_buckets=(32,64) --config.data.length_buckets=(64,32)`` gave
+    ``(32, 64, 64, 32)``); with the earlier ones dropped, the last of every field wins, a tuple's too.
+    """
+    override = re.compile(rf"^--?{re.escape(name)}\.([^=]+)=")
+    fields = [m.group(1) if (m := override.match(arg)) else None for arg in argv]
+    last = {field: i for i, field in enumerate(fields) if field is not None}
+    return [arg for i, (arg, field) in enumerate(zip(argv, fields, strict=True))
+            if field is None or last[field] == i]
+
+
 def note_config_flag(name: str) -> None:
     """Registers ``--<name>`` as an ml_collections config-file flag (``run_config.define_config_file``):
     ``parse_flags`` then reports a missing file and a misspelt field as one line each."""
@@ -167,11 +181,13 @@ def note_config_flag(name: str) -> None:
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl's flag parsing, with config-file and flag errors as one ``error:`` line each."""
+    """absl's flag parsing, with config-file and flag errors as one ``error:`` line each; of a config
+    field given twice the last value wins (``last_override_wins``)."""
     from absl import flags
 
     for name in _CONFIG_FLAGS:
         _check_config_file(argv, name)
+        argv = last_override_wins(argv, name)
     try:
         remaining = flags.FLAGS(argv)
         for name in _CONFIG_FLAGS:  # a file that failed to load raises on first access
