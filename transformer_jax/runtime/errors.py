@@ -15,8 +15,9 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TextIO
 
+import tqdm
 from absl import app
 
 from transformer_jax.runtime import disk, host_memory
@@ -87,19 +88,25 @@ def short_errors(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]
             full = isinstance(e, OSError) and not isinstance(e, UserError) and disk.is_disk_full(e)
             if show_tracebacks() or not (isinstance(e, UserError | app.UsageError) or full):
                 raise
-            message = disk_full_message(e) if full else (" ".join(str(e).split()) or type(e).__name__)
-            print(f"error: {message}", file=sys.stderr)
-            print(f"(set {TRACEBACK_ENV}=1 for the traceback)", file=sys.stderr)
-            sys.exit(1)
+            print_error(disk_full_message(e) if full else (" ".join(str(e).split()) or type(e).__name__))
 
     wrapped.__doc__ = main.__doc__
     return wrapped
 
 
+def print_line(message: str, file: TextIO | None = None) -> None:
+    """Prints ``message`` on a line of its own to ``file`` (stdout by default) and flushes it: a progress bar
+    drawn on the terminal (tqdm, which leaves the cursor at the end of its line) is cleared first and drawn
+    again below it."""
+    file = file or sys.stdout
+    tqdm.tqdm.write(message, file=file)
+    file.flush()
+
+
 def print_error(message: str) -> None:
     """Prints ``error: <message>`` (on one line) and the traceback hint on stderr, then exits 1."""
-    print(f"error: {' '.join(message.split())}", file=sys.stderr)
-    print(f"(set {TRACEBACK_ENV}=1 for the traceback)", file=sys.stderr)
+    print_line(f"error: {' '.join(message.split())}", file=sys.stderr)
+    print_line(f"(set {TRACEBACK_ENV}=1 for the traceback)", file=sys.stderr)
     sys.exit(1)
 
 

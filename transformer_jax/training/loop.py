@@ -43,7 +43,7 @@ from transformer_jax.model import flops, loss
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import PAD_ID
 from transformer_jax.run_config import RunConfig
-from transformer_jax.runtime import sharding, timing
+from transformer_jax.runtime import errors, sharding, timing
 from transformer_jax.training import memory, steps
 from transformer_jax.training.metric_writer import MetricWriter
 from transformer_jax.training.preemption import Preempted, PreemptionGuard
@@ -304,11 +304,11 @@ def _train_locked(run: RunConfig, workdir: str, guard: PreemptionGuard) -> dict[
                      "resume.")
                 return {"preempted": True, "step": step}
             if is_main:
-                print(f"Model: {sum(x.size for x in jax.tree.leaves(state.params)):,} parameters; "
-                      f"mesh {dict(trainer.mesh.shape)}; {jax.device_count()} devices, "
-                      f"{jax.process_count()} processes")
-                print("Memory: the largest train step needs about "
-                      f"{memory.largest_step_memory(run).describe()} (estimated)")
+                _say(is_main, f"Model: {sum(x.size for x in jax.tree.leaves(state.params)):,} parameters; "
+                     f"mesh {dict(trainer.mesh.shape)}; {jax.device_count()} devices, "
+                     f"{jax.process_count()} processes")
+                _say(is_main, "Memory: the largest train step needs about "
+                     f"{memory.largest_step_memory(run).describe()} (estimated)")
             state, step, preempted = train_loop(trainer, state, train_iter, ckpt, writer, guard)
             ckpt.wait()
             if preempted:
@@ -373,8 +373,9 @@ def merge_final_report(final: dict[str, Any], report: dict[str, Any]) -> dict[st
 
 
 def _say(is_main: bool, message: str) -> None:
+    """``message`` on stdout from process 0, on a line of its own below the progress bar."""
     if is_main:
-        print(message, flush=True)
+        errors.print_line(message)
 
 
 def _check_and_summarize(sums: dict, ckpt: Checkpointer) -> dict[str, float]:
