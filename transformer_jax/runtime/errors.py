@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any, TextIO
 
@@ -74,16 +76,32 @@ def show_tracebacks() -> bool:
     return os.environ.get(TRACEBACK_ENV, "").strip().lower() not in ("", "0", "false", "no")
 
 
-def short_errors(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
+# The exit status of a command stopped by Ctrl-C, as a shell gives one that SIGINT killed (128 + 2).
+INTERRUPTED_EXIT_STATUS = 128 + signal.SIGINT
+
+
+def short_errors(main: Callable[[list[str]], Any], *, interrupted: str = "") -> Callable[[list[str]], Any]:
     """``main`` with a ``UserError`` shown as ``error: <message>`` on stderr and exit status 1.
 
     The message is put on one line. An ``OSError`` for a full disk (ENOSPC, EDQUOT) that nothing
-    turned into a ``DiskFullError`` is shown the same way, naming the file and its filesystem.
+    turned into a ``DiskFullError`` is shown the same way, naming the file and its filesystem. Ctrl-C
+    (SIGINT's ``KeyboardInterrupt``, once the ``with`` blocks it passed through have cleaned up) is one
+    line on stderr, ``Stopped by SIGINT (Ctrl-C)`` and ``interrupted`` (what was kept), and the process
+    ends at once with exit status ``INTERRUPTED_EXIT_STATUS``.
     """
 
     def wrapped(argv: list[str]) -> Any:
         try:
             return main(argv)
+        except KeyboardInterrupt:
+            if show_tracebacks():
+                raise
+            print_line(f"Stopped by SIGINT (Ctrl-C){'; ' + interrupted if interrupted else '.'}",
+                       file=sys.stderr)
+            sys.stdout.flush()
+            # Not sys.exit: the interpreter's shutdown can crash (SIGSEGV) under XLA work still running in
+            # its threads; what the with blocks hold was released as the interrupt passed through them.
+            os._exit(INTERRUPTED_EXIT_STATUS)
         except Exception as e:
             full = isinstance(e, OSError) and not isinstance(e, UserError) and disk.is_disk_full(e)
             if show_tracebacks() or not (isinstance(e, UserError | app.UsageError) or full):
@@ -216,18 +234,43 @@ def parse_flags(argv: list[str]) -> list[str]:
     return remaining
 
 
+def _interrupt_again(previous: Callable[[Any], None]) -> Callable[[Any], None]:
+    """A ``sys.unraisablehook`` that sends SIGINT again where Python dropped its ``KeyboardInterrupt``.
+
+    Ctrl-C raises ``KeyboardInterrupt`` wherever the main thread is; in a garbage collector's callback
+    (jax has one) or a ``__del__`` Python cannot raise it, so it prints it and goes on, and the command
+    ran to its end. The signal is sent to the main thread again a moment later, from another thread, so
+    that it lands once the hook and the callback have returned, also in a blocking call (and the hook
+    sends it again should it land in such a callback too). Every other exception goes to ``previous``.
+    """
+
+    def hook(unraisable: Any) -> None:
+        if issubclass(unraisable.exc_type, KeyboardInterrupt):
+            again = threading.Timer(0.05, signal.pthread_kill, args=(threading.main_thread().ident,
+                                                                    signal.SIGINT))
+            again.daemon = True
+            again.start()
+        else:
+            previous(unraisable)
+
+    return hook
+
+
 def run_main(main: Callable[[list[str]], Any], *, takes_args: bool = False,
-             keep_freed_memory: bool = True) -> None:
+             keep_freed_memory: bool = True, interrupted: str = "") -> None:
     """``absl.app.run(main)`` for every entry point: the one opening all ``main`` functions share.
 
     Before ``main`` runs: unless ``keep_freed_memory`` is False (the entry points that only decode),
     glibc's malloc keeps freed memory (``host_memory``, before jax starts its threads) and, unless
     ``takes_args`` (``main`` checks them: a data set name, a subcommand), stray positional arguments
     are a usage error. User errors, flag errors (``parse_flags``) and usage errors
-    print one ``error:`` line and a hint, and exit 1 (see the module docstring).
+    print one ``error:`` line and a hint, and exit 1 (see the module docstring); Ctrl-C prints one line
+    that ends with ``interrupted``, what the command kept (``short_errors``), also where it first landed
+    in a garbage collector's callback (``_interrupt_again``).
     """
 
     def opened(argv: list[str]) -> Any:
+        sys.unraisablehook = _interrupt_again(sys.unraisablehook)
         if keep_freed_memory:
             host_memory.keep_freed_memory()
         if len(argv) > 1 and not takes_args:
@@ -236,4 +279,4 @@ def run_main(main: Callable[[list[str]], Any], *, takes_args: bool = False,
         return main(argv)
 
     opened.__doc__ = main.__doc__
-    app.run(short_errors(opened), flags_parser=parse_flags)
+    app.run(short_errors(opened, interrupted=interrupted), flags_parser=parse_flags)
