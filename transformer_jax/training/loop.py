@@ -189,7 +189,7 @@ def train_loop(trainer: Trainer, state: TrainState, train_iter: data_lib.TrainIt
     profile_stop = profile_start + run.loop.profile_num_steps
     eval_every = run.eval.eval_every_steps
     sums, interval_flops, interval_tokens, interval_start = None, 0.0, 0, time.time()
-    preempted = profiling = False
+    preempted = profiling = mfu_explained = False
     metadata = {"tokenizer_sha256": trainer.tokenizer.sha256}
     with contextlib.ExitStack() as stack:
         stack.enter_context(jax.set_mesh(mesh))
@@ -227,6 +227,9 @@ def train_loop(trainer: Trainer, state: TrainState, train_iter: data_lib.TrainIt
                     peak_tflops=trainer.peak_flops / 1e12,
                     steps_per_sec=(step - writer.last_step) / elapsed)
                 writer.write(step, {f"train_{k}": v for k, v in summary.items()})
+                if summary["mfu"] > 1 and not mfu_explained:
+                    _say(jax.process_index() == 0, _mfu_above_one(summary["mfu"], trainer))
+                    mfu_explained = True
                 sums, interval_flops, interval_tokens, interval_start = None, 0.0, 0, time.time()
             if eval_every and step % eval_every == 0 and step < num_steps:
                 writer.write(step, evaluate_dev(trainer, state.params))
@@ -370,6 +373,17 @@ def merge_final_report(final: dict[str, Any], report: dict[str, Any]) -> dict[st
     """``final`` updated with the final report's numbers. On the dev split the report (the final search)
     and the dev scores of the last evaluation (greedy) share names: those are kept as ``<name>_greedy``."""
     return {**final, **{f"{key}_greedy": final[key] for key in report if key in final}, **report}
+
+
+def _mfu_above_one(mfu: float, trainer: Trainer) -> str:
+    """Why the MFU reads above 1 (its denominator is below what the step did), and how to set it."""
+    configured = trainer.run.loop.peak_tflops_per_device
+    measured = f"{trainer.peak_flops / 1e12:.3g} TFLOP/s"
+    why = (f"config.peak_tflops_per_device={configured:g} is below what the train step did" if configured
+           else f"the matmul peak measured at start-up ({measured}) is below what the train step did, as "
+                "when other work shared the machine while it was measured")
+    return (f"MFU {mfu:.2f} is above 1: {why}. Set config.peak_tflops_per_device to this device's peak "
+            "(TFLOP/s; python -m transformer_jax.benchmarks measures it, on a quiet machine) for a true MFU.")
 
 
 def _say(is_main: bool, message: str) -> None:
