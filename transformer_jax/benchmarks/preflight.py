@@ -233,7 +233,7 @@ def preflight(run: run_config.RunConfig, options: Options = Options(), say=print
     record.update(device_kind=device.device_kind, device_count=count, device_memory_bytes=limit)
 
     peak = timing.matmul_peak(options.peak_repeats, dtype=cfg.dtype)
-    say(f"matmul peak ({peak.dtype}, {peak.size}^3): {peak.best_flops / 1e12:.3g} TFLOP/s best of "
+    say(f"matmul peak ({peak.label}, {peak.size}^3): {peak.best_flops / 1e12:.3g} TFLOP/s best of "
         f"{peak.repeats} (median {peak.median_flops / 1e12:.3g})")
     record["peak_tflops"] = peak.best_flops / 1e12
 

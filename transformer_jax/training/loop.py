@@ -139,7 +139,7 @@ def _peak_flops(peak_tflops_per_device: float) -> float:
         return peak_tflops_per_device * 1e12
     peak = timing.matmul_peak(repeats=10)
     if jax.process_index() == 0:
-        print(f"MFU is against this device's measured {peak.dtype} matmul peak: "
+        print(f"MFU is against this device's measured {peak.label} matmul peak ({peak.size}^3): "
               f"{peak.best_flops / 1e12:.3g} TFLOP/s (best of {peak.repeats}; median "
               f"{peak.median_flops / 1e12:.3g}); set config.peak_tflops_per_device to use another.")
     return peak.best_flops
