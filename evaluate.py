@@ -110,4 +110,6 @@ def _averaged_line(steps: list[int], *, default: bool) -> str:
 
 
 if __name__ == "__main__":
-    errors.run_main(main, keep_freed_memory=False)  # decoding: see runtime/host_memory.py
+    errors.run_main(main, keep_freed_memory=False,  # decoding: see runtime/host_memory.py
+                    interrupted="no result was written (the outputs are written whole at the end). Run the "
+                                "same command again to score it.")

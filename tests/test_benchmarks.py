@@ -175,3 +175,23 @@ def test_data_benchmark_times_both_paths_on_a_scaled_corpus(tmp_path):
     assert all(r["seconds_to_first_batch"] > 0 and r["peak_rss_gb"] > 0 for r in starts.values())
     assert records[-1]["record"] == "h100_base_model" and records[-1]["batches_per_s"] > 0
     assert len([p for p in (tmp_path / "cache-cache" / "encoded").iterdir() if p.is_dir()]) == 1
+
+
+def test_the_peaks_matmul_is_large_enough_for_the_backend():
+    """On an accelerator a 2048^3 matmul is mostly dispatch (a low peak, a high MFU): 8192^3 there."""
+    assert timing.peak_size("cpu") == 2048
+    assert timing.peak_size("gpu") == timing.peak_size("tpu") == 8192
+
+
+@pytest.mark.parametrize("dtype, backend, capability, precision, named", [
+    ("float32", "gpu", "9.0", None, "float32 at JAX's default precision: TF32 multiplies on this GPU "
+                                    "(compute capability 9.0)"),
+    ("float32", "gpu", "8.0", "tensorfloat32", "float32 at matmul precision 'tensorfloat32': TF32"),
+    ("float32", "tpu", None, None, "float32 at JAX's default precision: bfloat16 passes on a TPU"),
+    ("float32", "gpu", "9.0", "highest", ""), ("float32", "gpu", "7.0", None, ""),
+    ("float32", "cpu", None, None, ""), ("bfloat16", "gpu", "9.0", None, "")])
+def test_a_float32_peak_is_labelled_with_what_it_multiplies_in(dtype, backend, capability, precision, named):
+    label = timing.precision_label(dtype, backend=backend, compute_capability=capability, precision=precision)
+    assert label.startswith(named) if named else label == ""
+    peak = timing.Peak(best_flops=1e14, median_flops=9e13, dtype=dtype, size=8192, repeats=3, precision=label)
+    assert peak.label == (label or dtype) and peak.record()["precision"] == peak.label

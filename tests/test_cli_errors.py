@@ -5,6 +5,7 @@ before JAX compiles anything.
 """
 
 import subprocess
+import sys
 
 import pytest
 from test_entry_points import Commands
@@ -154,3 +155,32 @@ def test_train_says_which_kernel_fused_attention_takes_here(tmp_path, commands):
                           f"--config.data.dir={data}", "--config.model.attention_impl=fused")
     _assert_short(result, "vocab_size=1000 is too large")  # stops at the tokenizer, after the line below
     assert "fused attention: XLA, not cuDNN (the backend is cpu, cuDNN needs an NVIDIA GPU)" in result.stdout
+
+
+# Ctrl-C that lands in a garbage collector's callback (jax has one), where Python prints and drops it.
+INTERRUPTED_IN_A_GC_CALLBACK = """
+import gc, os, signal, time
+from transformer_jax.runtime import errors
+
+def main(argv):
+    def interrupt_here(phase, info):
+        if phase == "start" and not sent:
+            sent.append(phase)
+            os.kill(os.getpid(), signal.SIGINT)
+            sum(range(10))  # ordinary code again: the KeyboardInterrupt is raised here, in the callback
+    sent = []
+    gc.callbacks.append(interrupt_here)
+    gc.collect()
+    gc.callbacks.remove(interrupt_here)
+    time.sleep(10)  # the command's work
+    print("ran to the end")
+
+errors.run_main(main)
+"""
+
+
+def test_ctrl_c_that_lands_in_a_garbage_collector_callback_still_stops_the_command():
+    result = subprocess.run([sys.executable, "-c", INTERRUPTED_IN_A_GC_CALLBACK], capture_output=True,
+                            text=True, timeout=120)
+    assert (result.returncode, result.stdout) == (errors.INTERRUPTED_EXIT_STATUS, ""), result
+    assert result.stderr.splitlines() == ["Stopped by SIGINT (Ctrl-C)."]

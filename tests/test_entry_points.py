@@ -39,6 +39,8 @@ BAD_INPUTS = [
      "one row of the smallest length bucket"),
     ("train.py", ("--config.data.tokens_per_batch=40",), "longest length bucket used (64 tokens"),
     ("train.py", ("stray",), "unexpected arguments ['stray']"),
+    ("train.py", ("--config.data.length_buckets=(16,32)", "--config.data.length_buckets=(16,48)"),
+     "the largest bucket is 48"),  # the last of a repeated tuple override, not the two joined
     ("evaluate.py", (f"--workdir={MISSING}",), f"{MISSING}: no such directory"),
     ("evaluate.py", ("--average_last=-1", "--workdir=."), "--average_last=-1"),
     ("transformer_jax.inspect", (f"--workdir={MISSING}", "--sentence= "), "--sentence is empty"),

@@ -6,8 +6,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from tiny import TRAIN, TRAINED, config_with, untrained_workdir
@@ -343,3 +345,21 @@ def test_by_length_scores_each_bucket_of_source_length(workdir, tmp_path):
     with pytest.raises(ConfigError, match=r"^--length_buckets=20,10: expected strictly increasing positive"):
         workdir_scoring.evaluate_workdir(path, by_length=True, length_buckets=["20", "10"],
                                          output_dir=str(out))
+
+
+def test_ctrl_c_while_scoring_is_one_line_and_leaves_no_output(workdir, tmp_path):
+    """SIGINT once evaluate.py claimed its outputs (restoring, scoring, decoding): one line, exit status
+    130, and the output folder as it was (no result, no temporary file, no claim)."""
+    proc = subprocess.Popen([sys.executable, os.path.join(REPO, "evaluate.py"), f"--workdir={workdir[0]}",
+                             "--split=dev", "--average_last=1", f"--output_dir={tmp_path}", *FAST],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=REPO)
+    deadline = time.time() + 120
+    while not (tmp_path / ".dev-6.claim").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    stderr = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 130, stderr
+    assert [line for line in stderr.splitlines() if not ABSL_LOG_LINE.match(line)] == [
+        "Stopped by SIGINT (Ctrl-C); no result was written (the outputs are written whole at the end). Run "
+        "the same command again to score it."]
+    assert os.listdir(tmp_path) == []

@@ -1,11 +1,15 @@
 """Tests for metric_writer.py: metrics.jsonl rows, TensorBoard scalars, and nothing written when disabled."""
 
+import io
 import json
 import struct
+import sys
 
 import pytest
 from tensorboardX.proto import event_pb2
 
+from transformer_jax.runtime import errors
+from transformer_jax.training import loop
 from transformer_jax.training.metric_writer import MetricWriter
 
 
@@ -69,3 +73,35 @@ def test_a_resumed_writer_drops_the_rows_past_its_step(tmp_path):
     writer.close()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["train_loss"]) for r in rows] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 50.0)]
+
+
+def screen_lines(text: str) -> list[str]:
+    """The lines a terminal shows for ``text``: a carriage return goes back to the start of the line, and
+    what follows overwrites what was there."""
+    lines = []
+    for raw in text.split("\n"):
+        line, column = [], 0
+        for char in raw:
+            if char == "\r":
+                column = 0
+                continue
+            line[column:column + 1] = [char]
+            column += 1
+        lines.append("".join(line).rstrip())
+    return lines
+
+
+def test_a_message_or_an_error_while_the_bar_is_drawn_gets_a_line_of_its_own(tmp_path, monkeypatch):
+    terminal = io.StringIO()  # stdout and stderr share a terminal
+    monkeypatch.setattr(sys, "stdout", terminal)
+    monkeypatch.setattr(sys, "stderr", terminal)
+    writer = MetricWriter(str(tmp_path), enabled=True, total_steps=9)
+    writer.write(2, {"train_loss": 2.5})
+    with pytest.raises(SystemExit):
+        errors.print_error("no space left")
+    writer.write(3, {"train_loss": 2.25})
+    loop._say(True, "Preempted: saved a checkpoint at step 3")
+    writer.close()
+    lines = screen_lines(terminal.getvalue())
+    assert "error: no space left" in lines and "Preempted: saved a checkpoint at step 3" in lines, lines
+    assert lines[-2].startswith(" 33%") and "loss=2.25" in lines[-2]  # the bar, drawn again below them

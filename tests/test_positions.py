@@ -6,6 +6,7 @@ NumPy reference is in test_reference_forward.py."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from test_decode import _scores, _sources
 from tiny import random_params
@@ -15,6 +16,7 @@ from transformer_jax.model import positions
 from transformer_jax.model.config import POSITION_ENCODINGS, ModelConfig, param_count
 from transformer_jax.model.special_ids import PAD_ID
 from transformer_jax.model.transformer import Transformer, init_params, shift_right
+from transformer_jax.training import train_state
 
 VOCAB, BATCH, SRC_LEN, BEAMS, STEPS = 23, 5, 7, 3, 7
 
@@ -109,6 +111,20 @@ def test_schemes_without_a_table_take_any_length(scheme):
     assert logits.shape == (BATCH, SRC_LEN, VOCAB) and np.all(np.isfinite(logits))
     tokens = decode.greedy_search(params, cfg, inputs, max_extra_len=3)
     assert tokens.shape == (BATCH, SRC_LEN + 3)
+
+
+@pytest.mark.parametrize("max_len", [1, 7])
+def test_a_learned_table_shorter_than_eight_rows_initializes(max_len):
+    """Both initializations (``init_params``, the train state's) trace sequences no longer than any table."""
+    cfg = _config("learned").replace(max_len=max_len)
+
+    def table_shapes(tree) -> list[tuple[int, ...]]:
+        return [leaf.shape for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+                if "position_embedding" in jax.tree_util.keystr(path)]
+
+    params = jax.eval_shape(lambda key: init_params(cfg, rng=key), jax.random.key(0))
+    state = jax.eval_shape(train_state._init_state_fn(cfg, optax.adam(1e-3)), jax.random.key(0))
+    assert table_shapes(params) == table_shapes(state.params) == [(max_len, cfg.d_model)] * 2  # dec, enc
 
 
 def test_the_learned_table_refuses_a_longer_input_in_one_line():

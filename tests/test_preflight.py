@@ -92,11 +92,30 @@ def test_a_padded_batch_has_the_lengths_of_its_bucket():
         assert np.all(tokens[np.arange(32)[None, :] >= lengths[:, None]] == PAD_ID)  # padding at the end
 
 
-@pytest.mark.parametrize("name, hours", [("wmt14_en_de_base", 12), ("wmt14_en_de_big", 84),
-                                         ("wmt14_en_fr_big", 84), ("table3/base", 12), ("default", None)])
-def test_the_paper_hours_for_the_paper_models(name, hours):
-    reference = preflight._paper_hours(name)
-    assert (reference and reference[1]) == hours
+def _paper_run(config: str, *overrides: str) -> run_config.RunConfig:
+    return run_config.build_run_config(run_config.load_config(config, overrides)[0], environment=False)
+
+
+@pytest.mark.parametrize("config, hours", [("configs/wmt14_en_de_base.py", 12),
+                                           ("configs/wmt14_en_de_big.py", 84),
+                                           ("configs/wmt14_en_fr_big.py", 84), ("configs/table3.py:base", 12),
+                                           ("configs/default.py", None)])
+def test_the_paper_hours_for_the_paper_models(config, hours):
+    reference_hours, note = preflight.paper_hours(_paper_run(config))
+    assert reference_hours == hours
+    assert (note.startswith("; the paper: ") and "s a step" in note) if hours else note == ""
+
+
+@pytest.mark.parametrize("config, override, named", [
+    ("configs/wmt14_en_de_base.py", "--config.model.num_encoder_layers=2",
+     "model.num_encoder_layers=2 (paper: 6)"),
+    ("configs/wmt14_en_fr_big.py", "--config.model.dropout_rate=0.3", "model.dropout_rate=0.3 (paper: 0.1)"),
+    ("configs/table3.py:base", "--config.train.warmup_steps=400", "train.warmup_steps=400 (paper: 4000)")])
+def test_an_override_of_the_model_or_recipe_names_what_differs_instead_of_the_paper_hours(config, override,
+                                                                                         named):
+    reference_hours, note = preflight.paper_hours(_paper_run(config, override))
+    assert reference_hours is None and "\n" not in note
+    assert note.startswith("; no paper hours beside it, as this is not the paper's ") and note.endswith(named)
 
 
 def test_durations_read_as_a_person_reads_them():

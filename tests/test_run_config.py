@@ -185,3 +185,13 @@ def test_training_fails_on_a_missing_dev_file_before_training_a_tokenizer(tmp_pa
     with pytest.raises(MissingFileError, match=r"val\.de"):
         loop.train_and_evaluate(run_config.build_run_config(config), str(workdir))
     assert not os.path.exists(workdir / "tokenizer")
+
+
+def test_a_field_given_twice_takes_its_last_value_a_tuple_too():
+    """ml_collections joins the repeats of a tuple field; the project's parsing keeps the last, as absl does
+    for every other flag."""
+    config, overrides = run_config.load_config("configs/default.py", [
+        "--config.data.length_buckets=(32,64)", "--config.train.num_steps=5",
+        "--config.data.length_buckets=(16,64)", "--config.train.num_steps=7"])
+    assert config.data.length_buckets == (16, 64) and config.train.num_steps == 7
+    assert overrides == {"data.length_buckets": (16, 64), "train.num_steps": 7}

@@ -13,7 +13,7 @@ from tiny import TRAIN, TRAINED, config_with, saved_state
 
 from transformer_jax import run_config
 from transformer_jax.checkpoints import restore
-from transformer_jax.runtime import provenance
+from transformer_jax.runtime import provenance, timing
 from transformer_jax.training import loop
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,6 +76,22 @@ def test_mfu_peak_is_the_configs_or_else_measured():
     measured, peak = loop._peak_flops(0.0)
     assert 1e9 < measured < 1e16  # a real FLOP/s figure for this device, whatever it is
     assert measured == peak.best_flops
+
+
+def test_an_mfu_above_one_says_once_that_the_measured_peak_was_low(tmp_path, monkeypatch, capsys):
+    """A peak measured on a busy machine (here: a matmul peak of 1 kFLOP/s) makes the MFU read above 1 at
+    every log: one line says why, with the config field that sets the peak."""
+    low = timing.Peak(best_flops=1e3, median_flops=1e3, dtype="float32", size=2048, repeats=10)
+    monkeypatch.setattr(timing, "matmul_peak", lambda **kwargs: low)
+    config = tiny_config(**{**QUICK, "train.num_steps": 4, "peak_tflops_per_device": 0.0,
+                            "checkpoint_every_steps": 0})
+    loop.train_and_evaluate(run_config.build_run_config(config), str(tmp_path / "busy"))
+    records = [json.loads(line) for line in (tmp_path / "busy" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r.get("train_mfu", 0) > 1] == [2, 4]
+    said = [line for line in capsys.readouterr().out.splitlines() if "is above 1" in line]
+    assert len(said) == 1 and said[0].startswith("MFU ")
+    assert ("the matmul peak measured at start-up (1e-09 TFLOP/s) is below what the train step did" in said[0]
+            and "Set config.peak_tflops_per_device" in said[0])
 
 
 def test_resume_continues_bitwise_and_profiling_changes_nothing(tmp_path, uninterrupted, capsys,

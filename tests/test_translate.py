@@ -4,8 +4,10 @@ decoding, empty and too-long lines, and the CLI end to end on a tiny workdir."""
 import errno
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -17,7 +19,7 @@ from transformer_jax.data import eval_batches
 from transformer_jax.evaluation import decode, scoring, translation, workdir_scoring
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import EOS_ID, PAD_ID
-from transformer_jax.runtime import disk
+from transformer_jax.runtime import disk, errors
 from transformer_jax.runtime.errors import ConfigError, DataError, DiskFullError
 from transformer_jax.runtime.output_file import OutputFile
 
@@ -505,3 +507,22 @@ def test_translate_and_evaluate_check_a_flag_with_the_same_words(workdir, tmp_pa
                                                       "beam_size": None, "alpha": None, "max_extra_len": None,
                                                       "output_dir": str(tmp_path), flag: value})
         assert str(translate_error.value) == str(evaluate_error.value)
+
+
+def test_ctrl_c_is_one_line_and_keeps_the_previous_output(workdir, tmp_path):
+    """SIGINT while translate waits for its input (the output's temporary file made): one line, exit
+    status 130, the previous --output kept and no temporary file left."""
+    (tmp_path / "out.de").write_text("the previous translations\n")
+    proc = subprocess.Popen([sys.executable, "-m", "transformer_jax.translate", f"--workdir={workdir}",
+                             f"--output={tmp_path / 'out.de'}"], stdin=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO)
+    deadline = time.time() + 120
+    while len(os.listdir(tmp_path)) < 2 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    stderr = proc.communicate(timeout=120)[1]  # closes stdin too: an ignored signal would translate ""
+    assert proc.returncode == errors.INTERRUPTED_EXIT_STATUS == 130, stderr
+    assert stderr.splitlines() == ["Stopped by SIGINT (Ctrl-C); no translation was written (they are written "
+                                   "whole at the end). Run the same command again to translate."]
+    assert os.listdir(tmp_path) == ["out.de"] and (tmp_path / "out.de").read_text() == (
+        "the previous translations\n")

@@ -380,11 +380,11 @@ def define_config_file(name: str, default: str, help_string: str, **kwargs: Any)
 def load_config(config_arg: str, overrides: Sequence[str] = ()) -> tuple[ml_collections.ConfigDict, dict]:
     """``path[:argument]`` plus ``--config.key=value`` overrides, loaded as train.py's flags load them.
 
-    Returns (the locked config, the parsed overrides as ``{"model.num_heads": 4}``). Raises ValueError
-    naming the config and the override at fault.
+    Returns (the locked config, the parsed overrides as ``{"model.num_heads": 4}``); of a field given twice
+    the last value wins. Raises ValueError naming the config and the override at fault.
     """
     path, sep, argument = config_arg.partition(":")
-    argv = ["load_config", f"--config={path}{sep}{argument}", *overrides]
+    argv = errors.last_override_wins(["load_config", f"--config={path}{sep}{argument}", *overrides])
     flag_values = flags.FlagValues()
     config_flags.DEFINE_config_file("config", None, "A run config.", flag_values=flag_values,
                                     lock_config=True, sys_argv=argv)

@@ -70,4 +70,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    errors.run_main(main, keep_freed_memory=False)  # decoding: see runtime/host_memory.py
+    errors.run_main(main, keep_freed_memory=False,  # decoding: see runtime/host_memory.py
+                    interrupted="no translation was written (they are written whole at the end). Run the "
+                                "same command again to translate.")

@@ -31,7 +31,7 @@ _DTYPE = flags.DEFINE_enum(
     "Compute dtype of the train step. Default: float32 on CPU, bfloat16 on an accelerator.")
 _REPEATS = flags.DEFINE_integer("repeats", 10, "Timed runs per train step and decoding setting (median).")
 _PEAK_REPEATS = flags.DEFINE_integer(
-    "peak_repeats", 20, "Timed runs of the 2048^3 matmul peak; MFU divides by the best of them.")
+    "peak_repeats", 20, "Timed runs of the matmul peak; MFU divides by the best of them.")
 _SKIP_TRAIN = flags.DEFINE_bool("skip_train", False, "Do not run the train-step benchmark.")
 _SKIP_DECODE = flags.DEFINE_bool("skip_decode", False, "Do not run the decoding benchmark.")
 _SKIP_ATTENTION = flags.DEFINE_bool("skip_attention", False, "Do not run the attention memory benchmark.")

@@ -287,7 +287,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                       flag_values=flag_values)
     flags.DEFINE_integer("threads", 0, "CTranslate2's CPU threads (0: its default, all cores).",
                          flag_values=flag_values)
-    flags.DEFINE_integer("peak_repeats", 20, "Timed runs of the 2048^3 matmul peak; MFU divides by the "
+    flags.DEFINE_integer("peak_repeats", 20, "Timed runs of the matmul peak; MFU divides by the "
                          "best of them.", flag_values=flag_values)
 
 

@@ -10,7 +10,8 @@ For the config as train.py would run it, it prints:
     tokens padded within the bucket as real batches are): its time, non-pad target tokens per second and
     MFU, with gradient accumulation raised (doubled) from the config's until the compiled step fits the
     memory budget; the compiled step's memory and the peak the device reports;
-  * ``train.num_steps`` projected from it, beside the paper's hours where the config is the paper's model.
+  * ``train.num_steps`` projected from it, beside the paper's hours where the model and recipe are the
+    paper's base or big model's (with an override, the fields that differ instead).
 
 Nothing is read from disk, so the data need not be prepared. The step is the library's
 (``steps.make_train_step``, as ``train_step.py`` times it) on one device, with that device's share of the
@@ -35,7 +36,7 @@ from absl import flags, logging
 from transformer_jax import run_config
 from transformer_jax.benchmarks import train_step
 from transformer_jax.data.batching import bucket_batch_sizes
-from transformer_jax.evaluation import paper
+from transformer_jax.evaluation import paper, paper_tables
 from transformer_jax.model import flops, fused_attention
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.loss import chunk_length
@@ -188,11 +189,21 @@ def duration(seconds: float) -> str:
     return f"{seconds:.3g} s"
 
 
-def _paper_hours(name: str) -> tuple[str, float] | None:
-    """("base" or "big", the paper's training hours) for a config of the paper's base or big model."""
-    mapping = paper.CONFIG_TO_PAPER.get(name)
-    size = mapping["table2"][0] if mapping and mapping.get("table2") else name.removeprefix("table3/")
-    return (size, paper.TRAINING_HOURS[size]) if size in paper.TRAINING_HOURS else None
+def paper_hours(run: run_config.RunConfig) -> tuple[float | None, str]:
+    """(the paper's training hours, what the projection says of them) for a config of the paper's base or
+    big model: the hours only where the model and recipe are the paper's (``paper_tables.paper_differences``
+    finds no field that differs), else None and the fields that differ; (None, "") for any other config."""
+    mapping = paper.CONFIG_TO_PAPER.get(run.name)
+    size = mapping["table2"][0] if mapping and mapping.get("table2") else run.name.removeprefix("table3/")
+    if size not in paper.TRAINING_HOURS:
+        return None, ""
+    differences = paper_tables.paper_differences(paper_tables.paper_reference(run.name, "test"), run)
+    if differences:
+        return None, (f"; no paper hours beside it, as this is not the paper's {size} model and recipe: "
+                      + "; ".join(differences))
+    hours = paper.TRAINING_HOURS[size]
+    return hours, (f"; the paper: {duration(hours * 3600)} for {size} on {paper.TRAINING_HARDWARE} "
+                   f"({paper.STEP_SECONDS[size]} s a step)")
 
 
 def preflight(run: run_config.RunConfig, options: Options = Options(), say=print) -> dict:
@@ -222,7 +233,7 @@ def preflight(run: run_config.RunConfig, options: Options = Options(), say=print
     record.update(device_kind=device.device_kind, device_count=count, device_memory_bytes=limit)
 
     peak = timing.matmul_peak(options.peak_repeats, dtype=cfg.dtype)
-    say(f"matmul peak ({peak.dtype}, {peak.size}^3): {peak.best_flops / 1e12:.3g} TFLOP/s best of "
+    say(f"matmul peak ({peak.label}, {peak.size}^3): {peak.best_flops / 1e12:.3g} TFLOP/s best of "
         f"{peak.repeats} (median {peak.median_flops / 1e12:.3g})")
     record["peak_tflops"] = peak.best_flops / 1e12
 
@@ -269,17 +280,14 @@ def preflight(run: run_config.RunConfig, options: Options = Options(), say=print
     line = (f"projected: train.num_steps={run.train.num_steps:,} x {step_seconds:.3g} s = "
             f"{duration(hours * 3600)}")
     line += f" on {count} device(s), if data parallelism scales linearly; evaluation and checkpoints extra"
-    if (reference := _paper_hours(run.name)) is not None:
-        size, paper_hours = reference
-        line += (f"; the paper: {duration(paper_hours * 3600)} for {size} on {paper.TRAINING_HARDWARE} "
-                 f"({paper.STEP_SECONDS[size]} s a step)")
-    say(line)
+    reference_hours, reference_note = paper_hours(run)
+    say(line + reference_note)
     record.update(length=length, grad_accum_steps=fit.grad_accum_steps, micro_rows=fit.micro_rows,
                   loss_chunk_length=fit.loss_chunk_length,
                   measured_micro_batches=fit.measured_micro_batches, step_seconds=step_seconds,
                   measured_seconds=measured, tokens_per_second=tokens_per_second, mfu=mfu,
                   compiled_bytes=fit.compiled_bytes, device_peak_bytes=device_peak, projected_hours=hours,
-                  paper_hours=None if reference is None else reference[1])
+                  paper_hours=reference_hours)
     return record
 
 

@@ -129,7 +129,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                       "bfloat16 on an accelerator.", flag_values=flag_values)
     flags.DEFINE_integer("repeats", 10, "Timed steps per preset, after one warm-up step; the median is "
                          "reported.", flag_values=flag_values)
-    flags.DEFINE_integer("peak_repeats", 20, "Timed runs of the 2048^3 matmul peak; MFU divides by the "
+    flags.DEFINE_integer("peak_repeats", 20, "Timed runs of the matmul peak; MFU divides by the "
                          "best of them.", flag_values=flag_values)
 
 

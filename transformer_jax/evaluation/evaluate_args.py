@@ -15,7 +15,6 @@ import contextlib
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -42,11 +41,18 @@ def check_at_least(flag: str, value, minimum, what: str = "", *, integer: bool =
 
 
 def check_writable(output_dir: str) -> None:
-    """Creates ``output_dir`` if needed and writes a probe file there; UserError naming it if it can't."""
+    """Creates ``output_dir`` if needed and writes a probe file there; UserError naming it if it can't.
+
+    The probe (``.write-test-<pid>``) is removed in a ``finally``, so that an interrupt (Ctrl-C) right
+    after it was made leaves none."""
+    probe = os.path.join(output_dir, f".write-test-{os.getpid()}")
     try:
         os.makedirs(output_dir, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=output_dir, prefix=".write-test-"):
-            pass
+        try:
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(probe)
     except OSError as e:
         raise UserError(f"cannot write the results to {output_dir} ({e.strerror or e}); pass "
                         "--output_dir=DIR to write them elsewhere") from None

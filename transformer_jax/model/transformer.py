@@ -34,6 +34,9 @@ from transformer_jax.model.decode_cache import DecodeCache, LayerCache
 from transformer_jax.model.special_ids import BOS_ID
 
 Array = jax.Array
+# The length of the dummy sequences that initialize the parameters: no parameter's shape depends on it, and
+# one position fits every model, a learned table of any max_len >= 1 too.
+INIT_LENGTH = 1
 
 
 def shift_right(targets: Array, bos_id: int = BOS_ID) -> Array:
@@ -473,8 +476,10 @@ class Transformer(nn.Module):
         return self.shared_embedding.attend(hidden)
 
 
-def init_params(config: ModelConfig, *, rng: Array, src_len: int = 8, tgt_len: int = 8) -> Any:
-    """Initial (unboxed) parameters for ``Transformer(config)``."""
+def init_params(config: ModelConfig, *, rng: Array, src_len: int = INIT_LENGTH,
+                tgt_len: int = INIT_LENGTH) -> Any:
+    """Initial (unboxed) parameters for ``Transformer(config)``, traced on int32[1, src_len] sources and
+    int32[1, tgt_len] targets."""
     model = Transformer(config.replace(deterministic=True, decode=False))
     inputs = jnp.ones((1, src_len), jnp.int32)
     targets = jnp.ones((1, tgt_len), jnp.int32)

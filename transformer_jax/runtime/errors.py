@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
+import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TextIO
 
+import tqdm
 from absl import app
 
 from transformer_jax.runtime import disk, host_memory
@@ -73,33 +76,55 @@ def show_tracebacks() -> bool:
     return os.environ.get(TRACEBACK_ENV, "").strip().lower() not in ("", "0", "false", "no")
 
 
-def short_errors(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
+# The exit status of a command stopped by Ctrl-C, as a shell gives one that SIGINT killed (128 + 2).
+INTERRUPTED_EXIT_STATUS = 128 + signal.SIGINT
+
+
+def short_errors(main: Callable[[list[str]], Any], *, interrupted: str = "") -> Callable[[list[str]], Any]:
     """``main`` with a ``UserError`` shown as ``error: <message>`` on stderr and exit status 1.
 
     The message is put on one line. An ``OSError`` for a full disk (ENOSPC, EDQUOT) that nothing
-    turned into a ``DiskFullError`` is shown the same way, naming the file and its filesystem.
+    turned into a ``DiskFullError`` is shown the same way, naming the file and its filesystem. Ctrl-C
+    (SIGINT's ``KeyboardInterrupt``, once the ``with`` blocks it passed through have cleaned up) is one
+    line on stderr, ``Stopped by SIGINT (Ctrl-C)`` and ``interrupted`` (what was kept), and the process
+    ends at once with exit status ``INTERRUPTED_EXIT_STATUS``.
     """
 
     def wrapped(argv: list[str]) -> Any:
         try:
             return main(argv)
+        except KeyboardInterrupt:
+            if show_tracebacks():
+                raise
+            print_line(f"Stopped by SIGINT (Ctrl-C){'; ' + interrupted if interrupted else '.'}",
+                       file=sys.stderr)
+            sys.stdout.flush()
+            # Not sys.exit: the interpreter's shutdown can crash (SIGSEGV) under XLA work still running in
+            # its threads; what the with blocks hold was released as the interrupt passed through them.
+            os._exit(INTERRUPTED_EXIT_STATUS)
         except Exception as e:
             full = isinstance(e, OSError) and not isinstance(e, UserError) and disk.is_disk_full(e)
             if show_tracebacks() or not (isinstance(e, UserError | app.UsageError) or full):
                 raise
-            message = disk_full_message(e) if full else (" ".join(str(e).split()) or type(e).__name__)
-            print(f"error: {message}", file=sys.stderr)
-            print(f"(set {TRACEBACK_ENV}=1 for the traceback)", file=sys.stderr)
-            sys.exit(1)
+            print_error(disk_full_message(e) if full else (" ".join(str(e).split()) or type(e).__name__))
 
     wrapped.__doc__ = main.__doc__
     return wrapped
 
 
+def print_line(message: str, file: TextIO | None = None) -> None:
+    """Prints ``message`` on a line of its own to ``file`` (stdout by default) and flushes it: a progress bar
+    drawn on the terminal (tqdm, which leaves the cursor at the end of its line) is cleared first and drawn
+    again below it."""
+    file = file or sys.stdout
+    tqdm.tqdm.write(message, file=file)
+    file.flush()
+
+
 def print_error(message: str) -> None:
     """Prints ``error: <message>`` (on one line) and the traceback hint on stderr, then exits 1."""
-    print(f"error: {' '.join(message.split())}", file=sys.stderr)
-    print(f"(set {TRACEBACK_ENV}=1 for the traceback)", file=sys.stderr)
+    print_line(f"error: {' '.join(message.split())}", file=sys.stderr)
+    print_line(f"(set {TRACEBACK_ENV}=1 for the traceback)", file=sys.stderr)
     sys.exit(1)
 
 
@@ -160,6 +185,20 @@ def _check_config_file(argv: list[str], name: str) -> None:
                     "with get_config(), such as configs/default.py")
 
 
+def last_override_wins(argv: list[str], name: str = "config") -> list[str]:
+    """``argv`` without the ``--<name>.field=value`` overrides that a later one of the same field replaces.
+
+    absl keeps the last value of a repeated flag, but ml_collections joins the repeats of a tuple field
+    into one tuple (``--config.data.length_buckets=(32,64) --config.data.length_buckets=(64,32)`` gave
+    ``(32, 64, 64, 32)``); with the earlier ones dropped, the last of every field wins, a tuple's too.
+    """
+    override = re.compile(rf"^--?{re.escape(name)}\.([^=]+)=")
+    fields = [m.group(1) if (m := override.match(arg)) else None for arg in argv]
+    last = {field: i for i, field in enumerate(fields) if field is not None}
+    return [arg for i, (arg, field) in enumerate(zip(argv, fields, strict=True))
+            if field is None or last[field] == i]
+
+
 def note_config_flag(name: str) -> None:
     """Registers ``--<name>`` as an ml_collections config-file flag (``run_config.define_config_file``):
     ``parse_flags`` then reports a missing file and a misspelt field as one line each."""
@@ -167,11 +206,13 @@ def note_config_flag(name: str) -> None:
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl's flag parsing, with config-file and flag errors as one ``error:`` line each."""
+    """absl's flag parsing, with config-file and flag errors as one ``error:`` line each; of a config
+    field given twice the last value wins (``last_override_wins``)."""
     from absl import flags
 
     for name in _CONFIG_FLAGS:
         _check_config_file(argv, name)
+        argv = last_override_wins(argv, name)
     try:
         remaining = flags.FLAGS(argv)
         for name in _CONFIG_FLAGS:  # a file that failed to load raises on first access
@@ -193,18 +234,43 @@ def parse_flags(argv: list[str]) -> list[str]:
     return remaining
 
 
+def _interrupt_again(previous: Callable[[Any], None]) -> Callable[[Any], None]:
+    """A ``sys.unraisablehook`` that sends SIGINT again where Python dropped its ``KeyboardInterrupt``.
+
+    Ctrl-C raises ``KeyboardInterrupt`` wherever the main thread is; in a garbage collector's callback
+    (jax has one) or a ``__del__`` Python cannot raise it, so it prints it and goes on, and the command
+    ran to its end. The signal is sent to the main thread again a moment later, from another thread, so
+    that it lands once the hook and the callback have returned, also in a blocking call (and the hook
+    sends it again should it land in such a callback too). Every other exception goes to ``previous``.
+    """
+
+    def hook(unraisable: Any) -> None:
+        if issubclass(unraisable.exc_type, KeyboardInterrupt):
+            again = threading.Timer(0.05, signal.pthread_kill, args=(threading.main_thread().ident,
+                                                                    signal.SIGINT))
+            again.daemon = True
+            again.start()
+        else:
+            previous(unraisable)
+
+    return hook
+
+
 def run_main(main: Callable[[list[str]], Any], *, takes_args: bool = False,
-             keep_freed_memory: bool = True) -> None:
+             keep_freed_memory: bool = True, interrupted: str = "") -> None:
     """``absl.app.run(main)`` for every entry point: the one opening all ``main`` functions share.
 
     Before ``main`` runs: unless ``keep_freed_memory`` is False (the entry points that only decode),
     glibc's malloc keeps freed memory (``host_memory``, before jax starts its threads) and, unless
     ``takes_args`` (``main`` checks them: a data set name, a subcommand), stray positional arguments
     are a usage error. User errors, flag errors (``parse_flags``) and usage errors
-    print one ``error:`` line and a hint, and exit 1 (see the module docstring).
+    print one ``error:`` line and a hint, and exit 1 (see the module docstring); Ctrl-C prints one line
+    that ends with ``interrupted``, what the command kept (``short_errors``), also where it first landed
+    in a garbage collector's callback (``_interrupt_again``).
     """
 
     def opened(argv: list[str]) -> Any:
+        sys.unraisablehook = _interrupt_again(sys.unraisablehook)
         if keep_freed_memory:
             host_memory.keep_freed_memory()
         if len(argv) > 1 and not takes_args:
@@ -213,4 +279,4 @@ def run_main(main: Callable[[list[str]], Any], *, takes_args: bool = False,
         return main(argv)
 
     opened.__doc__ = main.__doc__
-    app.run(short_errors(opened), flags_parser=parse_flags)
+    app.run(short_errors(opened, interrupted=interrupted), flags_parser=parse_flags)

@@ -10,7 +10,8 @@ on another instruction set), so every run says where it ran. ``collect`` reads o
   CPU is process 0's);
 - ``cpu``: its model name, the vector instruction sets it has that XLA compiles for (two hosts of one model
   name can differ there), and the cores this process may use;
-- ``matmul_peak``: the peak the run measured at start-up (``timing.matmul_peak``), as GFLOP/s, dtype, size;
+- ``matmul_peak``: the peak the run measured at start-up (``timing.matmul_peak``), as GFLOP/s, the dtype (or
+  the precision the multiplies ran in, such as TF32: ``Peak.label``) and the matmul's size;
 - ``numerics``: the environment variables that change numerics (``XLA_FLAGS``, ``JAX_*``...) and the jax
   settings in force that do (matmul precision, x64, the PRNG);
 - ``config_sha256``: a hash of the run's config (its saved JSON form), when there is one;
@@ -91,7 +92,7 @@ def collect(*, config: Mapping[str, Any] | None = None, peak=None, peak_missing:
         "process_count": jax.process_count(),
         "cpu": {"model": cpu_model(), "vector_isa": cpu_vector_isa(), "cores": _usable_cores()},
         "matmul_peak": (unknown(peak_missing) if peak is None else
-                        {"gflops": round(peak.best_flops / 1e9, 1), "dtype": peak.dtype, "size": peak.size}),
+                        {"gflops": round(peak.best_flops / 1e9, 1), "dtype": peak.label, "size": peak.size}),
         "numerics": numerics_settings(),
         "config_sha256": config_hash(config) if config is not None else unknown("no run config"),
     }

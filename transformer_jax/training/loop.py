@@ -44,7 +44,7 @@ from transformer_jax.model import flops, loss
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.special_ids import PAD_ID
 from transformer_jax.run_config import RunConfig
-from transformer_jax.runtime import provenance, sharding, timing
+from transformer_jax.runtime import errors, provenance, sharding, timing
 from transformer_jax.training import memory, steps
 from transformer_jax.training.metric_writer import MetricWriter
 from transformer_jax.training.preemption import Preempted, PreemptionGuard
@@ -142,7 +142,7 @@ def _peak_flops(peak_tflops_per_device: float) -> tuple[float, timing.Peak | Non
         return peak_tflops_per_device * 1e12, None
     peak = timing.matmul_peak(repeats=10)
     if jax.process_index() == 0:
-        print(f"MFU is against this device's measured {peak.dtype} matmul peak: "
+        print(f"MFU is against this device's measured {peak.label} matmul peak ({peak.size}^3): "
               f"{peak.best_flops / 1e12:.3g} TFLOP/s (best of {peak.repeats}; median "
               f"{peak.median_flops / 1e12:.3g}); set config.peak_tflops_per_device to use another.")
     return peak.best_flops, peak
@@ -192,7 +192,7 @@ def train_loop(trainer: Trainer, state: TrainState, train_iter: data_lib.TrainIt
     profile_stop = profile_start + run.loop.profile_num_steps
     eval_every = run.eval.eval_every_steps
     sums, interval_flops, interval_tokens, interval_start = None, 0.0, 0, time.time()
-    preempted = profiling = False
+    preempted = profiling = mfu_explained = False
     metadata = {"tokenizer_sha256": trainer.tokenizer.sha256}
     with contextlib.ExitStack() as stack:
         stack.enter_context(jax.set_mesh(mesh))
@@ -230,6 +230,9 @@ def train_loop(trainer: Trainer, state: TrainState, train_iter: data_lib.TrainIt
                     peak_tflops=trainer.peak_flops / 1e12,
                     steps_per_sec=(step - writer.last_step) / elapsed)
                 writer.write(step, {f"train_{k}": v for k, v in summary.items()})
+                if summary["mfu"] > 1 and not mfu_explained:
+                    _say(jax.process_index() == 0, _mfu_above_one(summary["mfu"], trainer))
+                    mfu_explained = True
                 sums, interval_flops, interval_tokens, interval_start = None, 0.0, 0, time.time()
             if eval_every and step % eval_every == 0 and step < num_steps:
                 writer.write(step, evaluate_dev(trainer, state.params))
@@ -308,11 +311,11 @@ def _train_locked(run: RunConfig, workdir: str, guard: PreemptionGuard) -> dict[
                      "resume.")
                 return {"preempted": True, "step": step}
             if is_main:
-                print(f"Model: {sum(x.size for x in jax.tree.leaves(state.params)):,} parameters; "
-                      f"mesh {dict(trainer.mesh.shape)}; {jax.device_count()} devices, "
-                      f"{jax.process_count()} processes")
-                print("Memory: the largest train step needs about "
-                      f"{memory.largest_step_memory(run).describe()} (estimated)")
+                _say(is_main, f"Model: {sum(x.size for x in jax.tree.leaves(state.params)):,} parameters; "
+                     f"mesh {dict(trainer.mesh.shape)}; {jax.device_count()} devices, "
+                     f"{jax.process_count()} processes")
+                _say(is_main, "Memory: the largest train step needs about "
+                     f"{memory.largest_step_memory(run).describe()} (estimated)")
             state, step, preempted = train_loop(trainer, state, train_iter, ckpt, writer, guard)
             ckpt.wait()
             if preempted:
@@ -386,9 +389,21 @@ def merge_final_report(final: dict[str, Any], report: dict[str, Any]) -> dict[st
     return {**final, **{f"{key}_greedy": final[key] for key in report if key in final}, **report}
 
 
+def _mfu_above_one(mfu: float, trainer: Trainer) -> str:
+    """Why the MFU reads above 1 (its denominator is below what the step did), and how to set it."""
+    configured = trainer.run.loop.peak_tflops_per_device
+    measured = f"{trainer.peak_flops / 1e12:.3g} TFLOP/s"
+    why = (f"config.peak_tflops_per_device={configured:g} is below what the train step did" if configured
+           else f"the matmul peak measured at start-up ({measured}) is below what the train step did, as "
+                "when other work shared the machine while it was measured")
+    return (f"MFU {mfu:.2f} is above 1: {why}. Set config.peak_tflops_per_device to this device's peak "
+            "(TFLOP/s; python -m transformer_jax.benchmarks measures it, on a quiet machine) for a true MFU.")
+
+
 def _say(is_main: bool, message: str) -> None:
+    """``message`` on stdout from process 0, on a line of its own below the progress bar."""
     if is_main:
-        print(message, flush=True)
+        errors.print_line(message)
 
 
 def _check_and_summarize(sums: dict, ckpt: Checkpointer) -> dict[str, float]:

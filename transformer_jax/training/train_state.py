@@ -15,7 +15,7 @@ import optax
 from flax import struct
 
 from transformer_jax.model.config import ModelConfig
-from transformer_jax.model.transformer import Transformer
+from transformer_jax.model.transformer import INIT_LENGTH, Transformer
 from transformer_jax.run_config import TrainConfig
 from transformer_jax.runtime import sharding
 
@@ -70,7 +70,7 @@ def _init_state_fn(model_config: ModelConfig, tx: optax.GradientTransformation):
 
     def init(rng):
         params_rng, dropout_rng = jax.random.split(rng)
-        dummy = jnp.ones((1, 8), jnp.int32)
+        dummy = jnp.ones((1, INIT_LENGTH), jnp.int32)
         boxed = model.init(params_rng, dummy, dummy)["params"]
         return TrainState(step=jnp.zeros((), jnp.int32), params=boxed, opt_state=tx.init(boxed),
                           rng=dropout_rng)
