@@ -53,7 +53,7 @@ def test_a_record_holds_every_field_and_no_empty_value(monkeypatch):
 
 
 def test_what_cannot_be_read_says_unknown_and_why(monkeypatch, tmp_path):
-    monkeypatch.setattr(provenance, "_PACKAGE_ROOT", str(tmp_path / "no_checkout" / "transformer_jax"))
+    monkeypatch.setattr(provenance, "_PACKAGE_DIR", str(tmp_path / "no_checkout" / "transformer_jax"))
     record = provenance.collect(peak_missing="config.peak_tflops_per_device set the MFU denominator")
     assert record["matmul_peak"] == "unknown: config.peak_tflops_per_device set the MFU denominator"
     assert record["config_sha256"] == "unknown: no run config"
@@ -77,6 +77,9 @@ def test_the_code_is_the_commit_and_a_changed_tracked_file_makes_it_dirty(tmp_pa
     assert provenance.code_version(str(tmp_path)) == {"commit": head, "dirty": False}
     (tmp_path / "model.py").write_text("x = 2\n")
     assert provenance.code_version(str(tmp_path)) == {"commit": head, "dirty": True}
+    # A package installed below a checkout's top (a venv inside it) is not that checkout's code.
+    (tmp_path / "venv").mkdir()
+    assert provenance.code_version(str(tmp_path / "venv"))["commit"].startswith("unknown: ")
 
 
 def _record(**changes):

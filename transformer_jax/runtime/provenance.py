@@ -41,6 +41,8 @@ from typing import Any
 
 import jax
 
+from transformer_jax.runtime import timing
+
 FILENAME = "provenance.json"
 FORMAT = 1
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "sentencepiece", "sacrebleu")
@@ -58,7 +60,7 @@ PER_START = ("started", "matmul_peak")
 VECTOR_ISA = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
               "avx512_fp16", "amx_tile", "amx_bf16", "asimd", "sve", "sve2")
 UNKNOWN = "unknown"
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../transformer_jax
 _GIT_SECONDS = 10
 
 
@@ -71,20 +73,19 @@ def is_unknown(value: Any) -> bool:
     return isinstance(value, str) and value.startswith(UNKNOWN)
 
 
-def collect(*, config: Mapping[str, Any] | None = None, peak=None, peak_missing: str = "not measured",
-            checkout: str | None = None) -> dict[str, Any]:
+def collect(*, config: Mapping[str, Any] | None = None, peak: timing.Peak | None = None,
+            peak_missing: str = "not measured") -> dict[str, Any]:
     """The record of this process, now.
 
     Args:
       config: the run's config in its saved JSON form (``RunConfig.saved``); None: no config hash.
       peak: the ``timing.Peak`` measured at start-up, or None; then ``matmul_peak`` says ``peak_missing``.
-      checkout: the folder whose git commit is the code; default: the one holding this package.
     """
     devices = jax.devices()
     kinds = sorted({d.device_kind for d in devices})
     return {
         "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "code": code_version(checkout or os.path.dirname(_PACKAGE_ROOT)),
+        "code": code_version(os.path.dirname(_PACKAGE_DIR)),
         "versions": {"python": platform.python_version(), **{p: package_version(p) for p in PACKAGES}},
         "backend": jax.default_backend(),
         "device_kind": kinds[0] if len(kinds) == 1 else kinds,
@@ -99,10 +100,14 @@ def collect(*, config: Mapping[str, Any] | None = None, peak=None, peak_missing:
 
 
 def code_version(checkout: str) -> dict[str, Any]:
-    """``{"commit", "dirty"}`` of the git checkout ``checkout``, else ``{"version"}`` of the installed
-    package, with ``commit`` saying why there is none. ``dirty``: a tracked file differs from the commit
+    """``{"commit", "dirty"}`` when ``checkout`` is the top of a git checkout, else ``{"version"}`` of the
+    installed package, with ``commit`` saying why there is none (a package installed into a venv inside some
+    other checkout is not that checkout's code). ``dirty``: a tracked file differs from the commit
     (untracked files do not count)."""
     try:
+        top = _git(checkout, "rev-parse", "--show-toplevel").strip()
+        if os.path.realpath(top) != os.path.realpath(checkout):
+            raise subprocess.CalledProcessError(1, "git")
         commit = _git(checkout, "rev-parse", "HEAD").strip()
         changed = _git(checkout, "status", "--porcelain", "--untracked-files=no")
         return {"commit": commit, "dirty": bool(changed.strip())}
