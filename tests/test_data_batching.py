@@ -378,3 +378,12 @@ def test_clean_text_gives_no_such_warnings(tmp_path, caplog, tok):
     with caplog.at_level(logging.WARNING):
         tokenize_pairs(get_source(_config()).pairs("train"), tok)
     assert not [r for r in caplog.records if "<unk>" in r.getMessage() or "NUL" in r.getMessage()]
+
+
+def test_a_max_len_that_leaves_no_train_pair_is_one_line_naming_it():
+    """data.max_len=6 with a learned table of 6 rows: the model builds, and every train pair is longer."""
+    empty = TokenizedSplit(np.zeros(0, np.int32), np.zeros(1, np.int64), np.zeros(0, np.int32),
+                           np.zeros(1, np.int64), num_empty=2)
+    with pytest.raises(ConfigError, match=r"^no train pair is left: 398 are longer than data.max_len "
+                       r"\(either side, EOS included\) and 2 have an empty side; raise data.max_len$"):
+        TrainIterator(empty, length_buckets=(8,), tokens_per_batch=64, seed=0, num_dropped=398)

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from transformer_jax.model.special_ids import EOS_ID, PAD_ID, UNK_ID
-from transformer_jax.runtime.errors import DataError
+from transformer_jax.runtime.errors import ConfigError, DataError
 
 if TYPE_CHECKING:  # only annotated: the tokenizer module imports this one's callers
     from transformer_jax.data.tokenizer import Tokenizer
@@ -267,7 +267,9 @@ class TrainIterator:
     ):
         check_sharding(process_index, process_count, batch_multiple)
         if len(data) == 0:
-            raise ValueError("no train examples left (all empty or longer than max_len)")
+            raise ConfigError(f"no train pair is left: {num_dropped} are longer than data.max_len (either "
+                              f"side, EOS included) and {data.num_empty} have an empty side; raise "
+                              "data.max_len")
         self._data = data
         self.seed = int(seed)
         self.process_index, self.process_count = process_index, process_count

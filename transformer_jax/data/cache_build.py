@@ -41,6 +41,7 @@ from typing import Any
 import tqdm
 
 from transformer_jax.data import disk_cache
+from transformer_jax.runtime import errors
 from transformer_jax.runtime.errors import UserError
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)  # SIGUSR1: the Slurm time-limit warning
@@ -336,15 +337,16 @@ def stopping(what: str, *, enabled: bool = True) -> Iterator[None]:
         _restore(state)
         doing = "building" if state.building else "waiting for another process that builds"
         kept = f": {e.detail}" if e.detail else ""
-        print(f"Stopped by {signal.Signals(e.signum).name} while {doing} {what}{kept}. Run the same "
-              "command again to go on.", flush=True)
+        errors.print_line(f"Stopped by {signal.Signals(e.signum).name} while {doing} {what}{kept}. Run the "
+                          "same command again to go on.")
         raise SystemExit(0) from None
     finally:
         _restore(state)
     previous = state.previous.get(state.signum)
     if state.signum is not None and not _Stopping._passes_on(previous) and previous != signal.SIG_IGN:
-        print(f"Stopped by {signal.Signals(state.signum).name} once {what} was whole, in the data cache. Run "
-              "the same command again to go on.", flush=True)
+        name = signal.Signals(state.signum).name
+        errors.print_line(f"Stopped by {name} once {what} was whole, in the data cache. Run the same command "
+                          "again to go on.")
         raise SystemExit(0)
 
 
