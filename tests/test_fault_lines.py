@@ -95,7 +95,7 @@ def test_a_sweep_result_without_scores_is_a_warning_not_a_traceback(tmp_path):
             {"row": row.name, "step": 300, "dev_ppl": None, "dev_bleu": None, "wall_seconds": 95.0}))
     built = report.build_report(str(tmp_path))
     assert all(r["status"] == "not finished" for r in built["rows"])
-    assert any("holds no scores (dev_ppl=None, dev_bleu=None; expected numbers)" in w
+    assert any("holds no scores (dev_ppl=None, dev_bleu=None: expected finite numbers" in w
                for w in built["warnings"])
 
 
