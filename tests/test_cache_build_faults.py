@@ -346,15 +346,11 @@ def test_a_full_disk_in_a_worker_is_one_line_naming_the_caches_filesystem(tmp_pa
 
 def test_a_real_full_tmpfs_in_a_builder_process_build_is_one_line_and_leaves_no_partial_file(
         tmp_path, monkeypatch, capfd):
+    from test_disk_cache import small_tmpfs
+
     from transformer_jax.runtime.errors import DiskFullError
 
-    if os.geteuid() != 0 or not shutil.which("mount"):
-        pytest.skip("mounting a small tmpfs needs root")
-    point = tmp_path / "small"
-    point.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(point)]).returncode:
-        pytest.skip("mount -t tmpfs is not allowed here")
-    try:
+    with small_tmpfs(tmp_path, "96k") as point:
         _write_corpus(tmp_path)
         cfg = _config(tmp_path, cache_dir=str(point))
         tok = tokenizer.Tokenizer(corpus_cache.shared_tokenizer(cfg))
@@ -365,8 +361,6 @@ def test_a_real_full_tmpfs_in_a_builder_process_build_is_one_line_and_leaves_no_
         assert "Traceback" not in capfd.readouterr().err
         left = [p.name for p in point.rglob("*") if ".tmp" in p.name]
         assert left == [] and 0 < len(list(point.glob("encoded/*.chunks/*.npz"))) < CHUNKS
-    finally:
-        subprocess.run(["umount", str(point)])
 
 
 def test_a_second_user_goes_on_from_the_chunks_of_the_first_users_failed_build(monkeypatch, caplog):

@@ -5,6 +5,7 @@ one entry; a truncated or altered file is found by its size or SHA-256 and the e
 warning; a root where nothing can be written falls back to the given folder and says so.
 """
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -270,14 +271,24 @@ def test_a_full_disk_during_a_build_is_one_line_naming_the_caches_filesystem(tmp
     assert not list((tmp_path / "cache" / "kind").glob("*.tmp-*"))
 
 
-def test_a_real_full_tmpfs_during_a_build_names_it_and_frees_the_space(tmp_path):
+@contextlib.contextmanager
+def small_tmpfs(tmp_path, size: str):
+    """A tmpfs of ``size`` (e.g. "96k") mounted at ``<tmp_path>/small`` for the block, its path yielded; the
+    test skips where mounting is not allowed (it needs root)."""
     if os.geteuid() != 0 or not shutil.which("mount"):
         pytest.skip("mounting a small tmpfs needs root")
     point = tmp_path / "small"
     point.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(point)]).returncode:
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(point)]).returncode:
         pytest.skip("mount -t tmpfs is not allowed here")
     try:
+        yield point
+    finally:
+        subprocess.run(["umount", str(point)])
+
+
+def test_a_real_full_tmpfs_during_a_build_names_it_and_frees_the_space(tmp_path):
+    with small_tmpfs(tmp_path, "256k") as point:
         def build(folder):
             with open(folder / "src.ids", "wb") as f:
                 np.zeros(457331, np.uint8).tofile(f)  # numpy's own short-write error
@@ -289,8 +300,6 @@ def test_a_real_full_tmpfs_during_a_build_names_it_and_frees_the_space(tmp_path)
         assert f"the tmpfs filesystem mounted at {point} (" in str(info.value)
         assert not list((point / "cache" / "encoded").glob("*.tmp-*"))
         assert disk.free_bytes(str(point)) > 200_000  # the half-written build no longer fills it
-    finally:
-        subprocess.run(["umount", str(point)])
 
 
 def test_a_file_where_an_entrys_folder_should_be_is_one_line_and_leaves_no_tmp(tmp_path):
