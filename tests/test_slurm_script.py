@@ -6,8 +6,10 @@ errors are checked.
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -96,3 +98,50 @@ def test_sweep_array_paths_are_quoted_and_checked(tmp_path):
     assert '--job-name="sweep-exp#2 %"' in header
     with pytest.raises(errors.ConfigError, match="cannot contain"):
         launchers.launch_slurm(rows, str(tmp_path / 'a"b'), ["python"], slurm_options=[])
+
+
+def _time_limited(tmp_path, command: str) -> tuple[int, str, bool]:
+    """Runs a batch script of ``command`` under bash, without Slurm: sends its shell the time-limit warning
+    (USR1) once ``command`` has written ``started``. Returns the script's exit status, its output, and
+    whether it asked ``scontrol`` to requeue the job."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/scontrol\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    script = tmp_path / "job.sbatch"
+    script.write_text(slurm.batch_script(header=["--job-name=t"], command=command, signal_seconds=35,
+                                         done=f"[ -f {tmp_path}/done ]"))
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="7")
+    shell = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, cwd=tmp_path)
+    deadline = time.time() + 30
+    while not (tmp_path / "started").exists() and time.time() < deadline:
+        time.sleep(0.01)
+    shell.send_signal(signal.SIGUSR1)
+    output, _ = shell.communicate(timeout=60)
+    return shell.returncode, output, (tmp_path / "scontrol").exists()
+
+
+def test_a_run_warned_after_it_finished_ends_the_job_completed(tmp_path):
+    """The warning can come while a run that has written its done-file exits; the stop then kills it. The
+    job has nothing left to do: it exits 0 (Slurm's COMPLETED), not the killed run's status, and does not
+    requeue."""
+    status, output, requeued = _time_limited(tmp_path, f"sh -c 'touch {tmp_path}/done {tmp_path}/started; "
+                                                       "exec sleep 60'")
+    assert (status, requeued) == (0, False), output
+    assert "finished before the time limit" in output
+
+
+def test_a_run_warned_midway_requeues_its_job(tmp_path):
+    status, output, requeued = _time_limited(tmp_path, f"sh -c 'touch {tmp_path}/started; exec sleep 60'")
+    assert (status, requeued) == (0, True), output
+    assert (tmp_path / "scontrol").read_text().split() == ["requeue", "7"]
+
+
+def test_a_failed_run_without_a_warning_fails_its_job(tmp_path):
+    script = tmp_path / "job.sbatch"
+    script.write_text(slurm.batch_script(header=[], command="sh -c 'exit 3'", signal_seconds=35,
+                                         done=f"[ -f {tmp_path}/done ]"))
+    done = subprocess.run(["bash", str(script)], env=dict(os.environ, SLURM_JOB_ID="7"), capture_output=True,
+                          timeout=60)
+    assert done.returncode == 3

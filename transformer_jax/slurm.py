@@ -12,7 +12,8 @@ one and the sweep's array, ``sweep/launchers.py``) handles the time limit the sa
 - unless the run's done-file exists (``final.json`` of a training run, ``result.json`` of a sweep row),
   the script calls ``scontrol requeue`` on its own job: ``#SBATCH --requeue`` lets it, and
   ``--open-mode=append`` keeps every attempt's output in one log. The job comes back with the same id
-  and resumes from the checkpoint.
+  and resumes from the checkpoint. Where the done-file exists, the warning came as the run finished: the
+  job ends COMPLETED (exit 0), whatever the status of the run it stopped while exiting.
 
 ``scancel`` is not the time limit: Slurm sends SIGTERM (then SIGKILL after its KillWait), the run saves
 if it has the time, and the job is not requeued; resubmitting resumes from the last checkpoint.
@@ -50,9 +51,13 @@ while true; do  # wait returns when a trapped signal arrives, so wait until the 
   wait "$run"; status=$?
   kill -0 "$run" 2>/dev/null || break
 done
-if [ "$time_limit" = 1 ] && ! {done}; then
-  echo "requeueing job $SLURM_JOB_ID: it resumes from its last checkpoint"
-  scontrol requeue "$SLURM_JOB_ID"
+if [ "$time_limit" = 1 ]; then
+  if {done}; then  # the stop reached a run that had finished and was exiting: nothing is lost
+    echo "the run finished before the time limit"
+  else
+    echo "requeueing job $SLURM_JOB_ID: it resumes from its last checkpoint"
+    scontrol requeue "$SLURM_JOB_ID"
+  fi
   exit 0
 fi
 exit "$status"
