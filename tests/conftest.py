@@ -4,6 +4,11 @@ Exact f32 matmuls (``JAX_DEFAULT_MATMUL_PRECISION=highest``) are set in the envi
 tools the tests start compile the same programs as the test processes and share their cached programs (the
 precision is part of a program; on CPU it changes no result).
 
+The suite's programs are tiny, so compiling them costs more than running them: ``XLA_FLAGS`` gets
+``TEST_XLA_FLAGS`` (LLVM's lowest optimization level, as ``XLA_FLAGS`` set by the user stays), inherited
+by the command-line tools the tests start. The same HLO passes run; only the machine code is less
+optimized. A test that sets ``XLA_FLAGS`` for a child (a device count) keeps them: ``with_test_xla_flags``.
+
 The first pytest process makes one temporary folder per test run (``TRANSFORMER_JAX_TEST_RUN``; the xdist
 workers inherit it) and removes it when it ends. It holds:
 
@@ -27,12 +32,21 @@ import subprocess
 import sys
 import tempfile
 
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+
+
+def with_test_xla_flags(flags: str = "") -> str:
+    """``flags`` with the suite's compile-time flags added (once)."""
+    return flags if TEST_XLA_FLAGS in flags else f"{TEST_XLA_FLAGS} {flags}".strip()
+
+
 os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"  # before jax is imported, as are the two below
 RUN_DIR_VARIABLE = "TRANSFORMER_JAX_TEST_RUN"
 if RUN_DIR_VARIABLE not in os.environ:
     _RUN_DIR = tempfile.mkdtemp(prefix="transformer_jax_test_run_")
     os.environ[RUN_DIR_VARIABLE] = _RUN_DIR
     os.environ["TRANSFORMER_JAX_CACHE"] = os.path.join(_RUN_DIR, "data_cache")  # never the user's
+    os.environ["XLA_FLAGS"] = with_test_xla_flags(os.environ.get("XLA_FLAGS", ""))
     if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
         os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(_RUN_DIR, "xla")
         os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")

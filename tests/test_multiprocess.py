@@ -9,6 +9,7 @@ import textwrap
 import jax
 import numpy as np
 import optax
+from conftest import with_test_xla_flags
 
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.runtime import sharding
@@ -61,8 +62,7 @@ def _free_port() -> int:
 
 
 def test_two_processes_train_data_parallel_like_one(tmp_path):
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=with_test_xla_flags())  # no device count
     port = _free_port()
     procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(port), str(i), str(tmp_path / f"p{i}.npz")],
                               cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -24,6 +24,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 import pytest
+from conftest import with_test_xla_flags
 from local_slurm import LocalSlurm, unavailable_reason
 
 from transformer_jax.checkpoints import restore
@@ -206,7 +207,8 @@ def test_srun_two_processes_equal_two_devices(slurm, tmp_path):
     flags = [f"--config.{k}={v}" for k, v in TINY_FLAGS.items()] + [
         "--config.data.source=text", f"--config.data.dir={tmp_path / 'data'}"]
     job_dir, reference = tmp_path / "job", tmp_path / "reference"
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=with_test_xla_flags("--xla_force_host_platform_device_count=2"),
+               JAX_PLATFORMS="cpu")
     single = _run([sys.executable, "train.py", f"--workdir={reference}", *flags,  # first: the job's processes
                    f"--config.data.cache_dir={tmp_path / 'reference_cache'}"], env)  # then find some of its
     assert single.returncode == 0, single.stderr[-2000:]  # programs compiled

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from conftest import with_test_xla_flags
 from jax.sharding import NamedSharding, PartitionSpec
 from tiny import random_params
 
@@ -242,7 +243,8 @@ def test_sharded_train_step_matches_one_device(two_steps):
     args = {"config": {f.name: getattr(CONFIG, f.name) for f in dataclasses.fields(CONFIG)},
             "rules": RULES, "learning_rate": 1e-2, "shapes": [(2, 4)],
             "batch": {k: v.tolist() for k, v in _batch(3).items()}}
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=with_test_xla_flags("--xla_force_host_platform_device_count=8"),
+               JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, "-c", SHARDED_SCRIPT, json.dumps(args)], capture_output=True,
                           text=True, env=env, timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert proc.returncode == 0, proc.stderr[-3000:]
