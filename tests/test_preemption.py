@@ -2,11 +2,13 @@
 
 import os
 import signal
+import sys
 import time
 
 import jax
 import numpy as np
 import pytest
+import tqdm
 
 from transformer_jax.training import preemption
 from transformer_jax.training.preemption import PreemptionGuard
@@ -76,3 +78,15 @@ def test_interrupting_raises_at_once_and_only_inside_the_block():
         with pytest.raises(preemption.Preempted, match="SIGINT"):  # a signal already received
             with guard.interrupting():
                 raise AssertionError("not interrupted")
+
+
+def test_the_first_signals_message_is_a_line_of_its_own_below_the_progress_bar(capsys):
+    """The progress bar leaves the cursor at the end of its line; the message clears it and starts a line."""
+    bar = tqdm.tqdm(total=10, file=sys.stderr, mininterval=0)
+    bar.update(3)
+    with PreemptionGuard():
+        os.kill(os.getpid(), signal.SIGTERM)
+    bar.close()
+    err = capsys.readouterr().err
+    before, found, _ = err.partition("Received SIGTERM: will save a checkpoint")
+    assert found and before.endswith(("\r", "\n")), repr(err)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -18,6 +19,8 @@ from typing import Any
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
+
+from transformer_jax.runtime import errors
 
 _log = logging.getLogger(__name__)
 
@@ -87,10 +90,8 @@ class PreemptionGuard:
         self._requested, self._requested_at = signum, time.monotonic()
         if self._interrupting:
             raise Preempted(f"received {self.signal_name}")
-        _log.warning(
-            "Received %s: will save a checkpoint and stop at the next step check. Send it again to quit now.",
-            self.signal_name,
-        )
+        errors.print_line(f"Received {self.signal_name}: will save a checkpoint and stop at the next step "
+                          "check. Send it again to quit now.", file=sys.stderr)  # below the progress bar
 
     @contextlib.contextmanager
     def interrupting(self):
