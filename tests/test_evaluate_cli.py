@@ -363,3 +363,24 @@ def test_ctrl_c_while_scoring_is_one_line_and_leaves_no_output(workdir, tmp_path
         "Stopped by SIGINT (Ctrl-C); no result was written (the outputs are written whole at the end). Run "
         "the same command again to score it."]
     assert os.listdir(tmp_path) == []
+
+
+def test_ctrl_c_between_the_translations_and_the_scores_leaves_both(workdir, tmp_path, monkeypatch):
+    """A Ctrl-C after the translations are written and before their scores waits for the scores: both
+    files exist, and the next evaluate.py finds a whole result (it left a .txt alone before)."""
+    path, _ = workdir
+    written = []
+
+    def write_then_interrupt(out_path, text):
+        with open(out_path, "w") as f:
+            f.write(text)
+        written.append(out_path)
+        if len(written) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(workdir_scoring, "_write", write_then_interrupt)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        workdir_scoring.evaluate_workdir(path, split="dev", beam_size=1, max_extra_len=4, average_last=1,
+                                         output_dir=str(out))
+    assert sorted(p for p in os.listdir(out) if not p.startswith(".")) == ["dev-6.json", "dev-6.txt"]

@@ -8,6 +8,7 @@ import errno
 import fcntl
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -158,3 +159,15 @@ def test_an_output_folder_that_cannot_be_written_is_one_line_naming_the_flag(tmp
             assert str(error.value) == f"--out={folder}: {reason}; choose another --out"
     output_file.check_folder(str(tmp_path / "new" / "out"), flag="--out")  # made, parents included
     assert os.listdir(tmp_path / "new" / "out") == []  # the probe is gone
+
+
+def test_a_stop_signal_waits_for_the_end_of_the_held_block():
+    written = []
+    with pytest.raises(KeyboardInterrupt):
+        with output_file.stop_signals_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            written.append("first")
+            os.kill(os.getpid(), signal.SIGINT)  # a second one while held: still one delivery
+            written.append("second")
+    assert written == ["first", "second"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler from before again

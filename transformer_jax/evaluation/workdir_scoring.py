@@ -35,7 +35,7 @@ from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.ensemble import Ensemble
 from transformer_jax.runtime import provenance
 from transformer_jax.runtime.errors import ConfigError, MissingFileError
-from transformer_jax.runtime.output_file import OutputFile, refuse_the_input, write_stdout
+from transformer_jax.runtime.output_file import OutputFile, refuse_the_input, stop_signals_held, write_stdout
 
 
 def _settings(defaults: Settings, beam_size: int | None, alpha: float | None,
@@ -169,8 +169,9 @@ def evaluate_workdir(workdir: str, *, step: int | None = None, average_last: int
                 task, run, split, batches, lines,
                 length_lib.check_edges(length_buckets) if length_buckets else length_lib.DEFAULT_EDGES,
                 stem + "-by_length.png")
-        _write(txt_path, "".join(line + "\n" for line in lines))
-        _write(json_path, json.dumps(results, indent=1))
+        with stop_signals_held():  # the translations and their scores, together or neither
+            _write(txt_path, "".join(line + "\n" for line in lines))
+            _write(json_path, json.dumps(results, indent=1))
     return {**results, "table": table, **extra, "outputs": (txt_path, json_path)}
 
 

@@ -6,7 +6,8 @@ killed process is removed the next time); ``write(text)`` fills that file,
 flushes it to disk and renames it over ``path``. A crash at any point leaves the previous ``path``, or
 none, never a partial one. ``write_stdout`` is the same contract's half that stdout allows: a full disk
 or a closed pipe is one line, not a traceback. ``claim`` holds a set of outputs for one process at a time.
-``check_folder`` checks an output folder (a command's ``--out``) before any work.
+``check_folder`` checks an output folder (a command's ``--out``) before any work. ``stop_signals_held``
+holds SIGINT and SIGTERM back while files that belong together are written.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import fcntl
 import json
 import logging
 import os
+import signal
 import socket
 import stat
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -196,6 +199,26 @@ def _remove_orphans(folder: str, name: str) -> None:
         if orphan and process_is_gone(int(pid)):
             with contextlib.suppress(OSError):
                 os.remove(os.path.join(folder, entry))
+
+
+@contextlib.contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """Holds SIGINT and SIGTERM back within the block (a few quick writes): the first that arrives meanwhile
+    goes to the handler from before as the block ends, so that files which belong together appear together
+    or not at all. In the main thread only (elsewhere Python takes no signal handler): a no-op there."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    before = {signum: signal.signal(signum, lambda signum, frame: arrived.append(signum))
+              for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+        if arrived:
+            signal.raise_signal(arrived[0])
 
 
 def write_stdout(text: str) -> None:
