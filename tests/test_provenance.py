@@ -125,7 +125,10 @@ def test_differences_name_each_aspect_and_its_results():
     newer = _record(versions={"jax": "0.11.0", "jaxlib": "0.11.0"})
     line = provenance.differences({"a": _record(), "b": newer, "old": None})
     assert "2 JAX versions (jax 0.10.2 / jaxlib 0.10.2: a; jax 0.11.0 / jaxlib 0.11.0: b)" in line
-    assert "old recorded no provenance" in line
+    assert line.endswith("jaxlib 0.11.0: b). No provenance was recorded for old (made before it was "
+                         "recorded). Compare them with that in mind.")
+    assert provenance.differences({"a": _record(), "old": None}) == (
+        "No provenance was recorded for old (made before it was recorded). Compare them with that in mind.")
     # One model name, two instruction sets: XLA compiles other kernels, so they are two host kinds.
     line = provenance.differences({
         "avx2": _record(cpu={"model": "AMD EPYC", "vector_isa": ["avx2", "fma"], "cores": 2}),
@@ -156,7 +159,7 @@ def test_the_sweep_report_names_rows_from_another_host_or_a_dirty_tree(tmp_path,
     assert run("report", "--workdir", str(tmp_path)) == 0
     lines = [line for line in (tmp_path / "report.md").read_text().splitlines() if "Provenance" in line]
     assert len(lines) == 1
-    assert lines[0].endswith("; compare them with that in mind.")
+    assert lines[0].endswith("). Compare them with that in mind.")
     assert ": base, A-heads1;" in lines[0] and lines[0].count("D-ls0.0") == 1
 
 

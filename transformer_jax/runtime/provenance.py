@@ -307,11 +307,12 @@ def differences(provenances: Mapping[str, Mapping[str, Any] | None]) -> str | No
         if len(names_by_value) > 1:
             parts.append(f"{len(names_by_value)} {aspect}s (" + "; ".join(
                 f"{value}: {_names(names)}" for value, names in names_by_value.items()) + ")")
+    sentences = ["These results come from " + ", and ".join(parts) + "."] if parts else []
     if missing and len(missing) < len(provenances):
-        parts.append(f"{_names(missing)} recorded no provenance (made before it was recorded)")
-    if not parts:
+        sentences.append(f"No provenance was recorded for {_names(missing)} (made before it was recorded).")
+    if not sentences:
         return None
-    return "These results come from " + ", and ".join(parts) + "; compare them with that in mind."
+    return " ".join(sentences) + " Compare them with that in mind."
 
 
 def _names(names: Sequence[str], limit: int = 6) -> str:
