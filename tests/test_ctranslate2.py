@@ -314,6 +314,7 @@ def _command(module_args, stdin=""):
                           cwd=REPO, env=env, timeout=300)
 
 
+@pytest.mark.slow
 def test_export_and_translate_commands(workdir, tmp_path):
     (tmp_path / "in.txt").write_text(SENTENCES)
     # The reference: what translate --beam_size=1 (its JAX engine) writes, decoded in this process.
@@ -359,6 +360,7 @@ def test_export_refuses_an_unknown_quantization_and_a_foreign_folder(workdir, tm
     assert os.listdir(foreign) == ["keep.txt"]
 
 
+@pytest.mark.slow
 def test_evaluate_with_ctranslate2_names_its_outputs_and_matches_jax_greedy(workdir, tmp_path):
     outputs = {}
     run = _command(["evaluate", f"--workdir={workdir}", "--split=dev", "--beam_size=1",

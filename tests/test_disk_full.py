@@ -200,6 +200,7 @@ def _mount(point, size_bytes: int, remount: bool = False) -> bool:
     return result.returncode == 0
 
 
+@pytest.mark.slow
 def test_a_real_full_disk_then_a_rerun_with_space_resumes_bitwise(tmp_path, trained_run):
     if not hasattr(os, "geteuid") or os.geteuid() != 0 or not shutil.which("mount"):
         pytest.skip("mounting a small tmpfs needs root")

@@ -255,6 +255,7 @@ def test_a_damaged_step_asked_for_is_one_line(workdir, tmp_path):
                              "newest one that restores")
 
 
+@pytest.mark.slow
 def test_an_ensemble_decodes_the_workdirs_models_together(workdir, tmp_path):
     path, _ = workdir
     same = str(tmp_path / "same")  # the same model: the ensemble must score exactly as it alone

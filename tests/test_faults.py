@@ -117,6 +117,7 @@ def copy_of(reference, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ kill -9
+@pytest.mark.slow
 def test_kill_9_at_startup_mid_training_and_mid_save_then_resume_bitwise(tmp_path, reference):
     workdir = tmp_path / "killed"
     long_run = {"train.num_steps": 100000}
@@ -140,6 +141,7 @@ def test_kill_9_at_startup_mid_training_and_mid_save_then_resume_bitwise(tmp_pat
 
 
 # ------------------------------------------------------------------------------------------------ SIGTERM
+@pytest.mark.slow
 def test_sigterm_in_each_phase_exits_zero_and_loses_nothing_and_a_live_run_holds_the_workdir(tmp_path):
     workdir = tmp_path / "sigterm"
     proc = start("train.py", workdir, **{"train.num_steps": 100000})  # setup: tokenizer, init, compile
@@ -174,6 +176,7 @@ def test_sigterm_in_each_phase_exits_zero_and_loses_nothing_and_a_live_run_holds
 
 
 # ---------------------------------------------------------------------------------------- poisoned update
+@pytest.mark.slow
 def test_overflow_in_the_update_saves_nothing_and_a_sane_rerun_continues(tmp_path, reference, capsys):
     workdir = tmp_path / "poisoned"
     train(workdir, **{"train.num_steps": 5})

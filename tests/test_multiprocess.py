@@ -9,6 +9,7 @@ import textwrap
 import jax
 import numpy as np
 import optax
+import pytest
 from conftest import with_test_xla_flags
 
 from transformer_jax.model.config import ModelConfig
@@ -61,6 +62,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_train_data_parallel_like_one(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=with_test_xla_flags())  # no device count
     port = _free_port()

@@ -196,6 +196,7 @@ TINY_PARSING = {
 }
 
 
+@pytest.mark.slow
 def test_synthetic_trees_train_final_report_and_evaluate_py(tmp_path, capsys):
     workdir = str(tmp_path / "run")
     final = loop.train_and_evaluate(run_config.build_run_config(config_with(TINY_PARSING)), workdir)

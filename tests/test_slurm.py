@@ -160,6 +160,7 @@ def _run_pid(workdir) -> int | None:
     return None
 
 
+@pytest.mark.slow
 def test_sweep_array_equals_local_and_resumes_a_cancelled_row(slurm, tmp_path):
     rows = (100, "--rows=D-drop0.0")  # num_steps (~3 s), and the rows (with base)
     array, local = tmp_path / "array", tmp_path / "local"
@@ -200,6 +201,7 @@ def _text_corpus(folder) -> None:
             (folder / f"{prefix}.{lang}").write_text("".join(pair[side] + "\n" for pair in pairs))
 
 
+@pytest.mark.slow
 def test_srun_two_processes_equal_two_devices(slurm, tmp_path):
     """On a text corpus: the job's two processes make one data cache entry (the other waits for it) and
     both map it."""
@@ -283,6 +285,7 @@ def _listdir(path) -> list[str]:
     return os.listdir(path) if os.path.isdir(path) else []
 
 
+@pytest.mark.slow
 def test_jobs_requeued_at_their_time_limit_equal_an_uninterrupted_run(slurm, tmp_path):
     """A train.py job and a sweep's array task of the same row, each with a 1-minute limit, side by side;
     the local launcher runs the row uninterrupted meanwhile, from when both runs are held.

@@ -21,9 +21,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import sacremoses
+if TYPE_CHECKING:
+    import sacremoses
 
 TEXT_FORMS = ("raw", "moses_lc")
 SIDES = ("source", "target")
@@ -88,14 +89,27 @@ def lowercase_moses(text: str, lang: str, *, escape: bool) -> str:
 
 @functools.cache
 def punct_normalizer(lang: str) -> sacremoses.MosesPunctNormalizer:
-    return sacremoses.MosesPunctNormalizer(lang=lang)
+    return _sacremoses().MosesPunctNormalizer(lang=lang)
 
 
 @functools.cache
 def moses_tokenizer(lang: str) -> sacremoses.MosesTokenizer:
-    return sacremoses.MosesTokenizer(lang=lang)
+    return _sacremoses().MosesTokenizer(lang=lang)
 
 
 @functools.cache
 def _detokenizer(lang: str) -> sacremoses.MosesDetokenizer:
-    return sacremoses.MosesDetokenizer(lang=lang)
+    return _sacremoses().MosesDetokenizer(lang=lang)
+
+
+def _sacremoses():
+    """sacremoses, imported where text is first normalized or tokenized: its import compiles its regular
+    expressions (0.3 s), which the runs and tools that never tokenize text need not pay."""
+    import sacremoses
+
+    return sacremoses
+
+
+def sacremoses_version() -> str:
+    """The version of sacremoses, for a BLEU signature."""
+    return getattr(_sacremoses(), "__version__", "unknown")

@@ -56,10 +56,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import sacrebleu
-import sacremoses
 from sacrebleu.metrics import BLEU
 
-from transformer_jax.data.text_form import lowercase_moses, moses_tokenizer, punct_normalizer
+from transformer_jax.data.text_form import (
+    lowercase_moses,
+    moses_tokenizer,
+    punct_normalizer,
+    sacremoses_version,
+)
 from transformer_jax.protocols import BLEU_PROTOCOLS
 
 # perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g', on bytes like perl without -C.
@@ -120,7 +124,7 @@ def tokenized_bleu(
     score = sacrebleu.corpus_bleu(hypotheses, [references], smooth_method="none", tokenize="none", force=True)
     signature = (
         f"tok:moses-{lang}+escape|compound-split:atat|normalize-hyp:{'yes' if normalize_hypotheses else 'no'}"
-        f"|case:mixed|smooth:none|nrefs:1|multi-bleu|sacremoses:{_version(sacremoses)}"
+        f"|case:mixed|smooth:none|nrefs:1|multi-bleu|sacremoses:{sacremoses_version()}"
         f"|sacrebleu:{sacrebleu.__version__}"
     )
     return _result(score, signature)
@@ -141,7 +145,7 @@ def multi30k_bleu(hypotheses: Sequence[str], references: Sequence[str], lang: st
     score = sacrebleu.corpus_bleu(hypotheses, [references], smooth_method="none", tokenize="none", force=True)
     signature = (
         f"lc|norm-punct:moses-{lang}|tok:moses-{lang}+escape|case:lc|smooth:none|nrefs:1|multi-bleu"
-        f"|sacremoses:{_version(sacremoses)}|sacrebleu:{sacrebleu.__version__}"
+        f"|sacremoses:{sacremoses_version()}|sacrebleu:{sacrebleu.__version__}"
     )
     return _result(score, signature)
 
@@ -223,6 +227,3 @@ def _result(score: sacrebleu.metrics.bleu.BLEUScore, signature: str) -> BleuResu
         score=float(score.score), precisions=tuple(float(p) for p in score.precisions), bp=float(score.bp),
         ratio=float(score.ratio), hyp_len=int(score.sys_len), ref_len=int(score.ref_len), signature=signature)
 
-
-def _version(module) -> str:
-    return getattr(module, "__version__", "unknown")
