@@ -205,13 +205,16 @@ def _remove_orphans(folder: str, name: str) -> None:
 def stop_signals_held() -> Iterator[None]:
     """Holds SIGINT and SIGTERM back within the block (a few quick writes): the first that arrives meanwhile
     goes to the handler from before as the block ends, so that files which belong together appear together
-    or not at all. In the main thread only (elsewhere Python takes no signal handler): a no-op there."""
-    if threading.current_thread() is not threading.main_thread():
+    or not at all. A no-op outside the main thread (Python takes signals there only) and where a handler
+    was set outside Python (it could not be put back)."""
+    stops = (signal.SIGINT, signal.SIGTERM)
+    if (threading.current_thread() is not threading.main_thread()
+            or any(signal.getsignal(signum) is None for signum in stops)):
         yield
         return
     arrived: list[int] = []
-    before = {signum: signal.signal(signum, lambda signum, frame: arrived.append(signum))
-              for signum in (signal.SIGINT, signal.SIGTERM)}
+    before = {signum: signal.signal(signum, lambda received, frame: arrived.append(received))
+              for signum in stops}
     try:
         yield
     finally:
