@@ -5,8 +5,8 @@ tools the tests start compile the same programs as the test processes and share 
 precision is part of a program; on CPU it changes no result).
 
 The suite's programs are tiny, so compiling them costs more than running them: ``XLA_FLAGS`` gets
-``TEST_XLA_FLAGS`` (LLVM's lowest optimization level, as ``XLA_FLAGS`` set by the user stays), inherited
-by the command-line tools the tests start. The same HLO passes run; only the machine code is less
+``TEST_XLA_FLAGS`` (LLVM's lowest optimization level) beside any flags the user set, and the command-line
+tools the tests start inherit them. The same HLO passes run; only the machine code is less
 optimized. A test that sets ``XLA_FLAGS`` for a child (a device count) keeps them: ``with_test_xla_flags``.
 
 The first pytest process makes one temporary folder per test run (``TRANSFORMER_JAX_TEST_RUN``; the xdist
