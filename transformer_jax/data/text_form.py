@@ -104,7 +104,7 @@ def _detokenizer(lang: str) -> sacremoses.MosesDetokenizer:
 
 def _sacremoses():
     """sacremoses, imported where text is first normalized or tokenized: its import compiles its regular
-    expressions (0.3 s), which the runs and tools that never tokenize text need not pay."""
+    expressions, a cost the runs and tools that never tokenize text need not pay."""
     import sacremoses
 
     return sacremoses
