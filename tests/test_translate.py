@@ -522,7 +522,7 @@ def test_ctrl_c_is_one_line_and_keeps_the_previous_output(workdir, tmp_path):
     proc.send_signal(signal.SIGINT)
     stderr = proc.communicate(timeout=120)[1]  # closes stdin too: an ignored signal would translate ""
     assert proc.returncode == errors.INTERRUPTED_EXIT_STATUS == 130, stderr
-    assert stderr.splitlines() == ["Stopped by SIGINT (Ctrl-C); no translation was written (they are written "
+    assert stderr.splitlines() == ["Stopped by SIGINT (Ctrl-C); nothing was written (the output is written "
                                    "whole at the end). Run the same command again to translate."]
     assert os.listdir(tmp_path) == ["out.de"] and (tmp_path / "out.de").read_text() == (
         "the previous translations\n")

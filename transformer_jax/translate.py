@@ -2,6 +2,7 @@
 
     python -m transformer_jax.translate --workdir=DIR [--average_last=N] [--beam_size=K] < in.txt > out.txt
     python -m transformer_jax.translate --workdir=DIR --engine=ctranslate2 [--threads=N] < in.txt > out.txt
+    python -m transformer_jax.translate --workdir=DIR --score --references=ref.txt < in.txt > scores.txt
 
 One sentence a line from stdin (or --input); the detokenized translations, one a line in the input
 order, go to stdout (or --output). An empty line gives an empty line. A line too long for the model is
@@ -9,6 +10,11 @@ an error naming it, unless --truncate. Sentences are sorted by length and batche
 internally; a progress bar goes to stderr when the input is a file. The logic is in
 transformer_jax.evaluation.workdir_scoring (evaluate.py's driver: the same restore, averaging and
 decoding path); a user error prints two lines and exits 1.
+
+With --score nothing is searched: each source line and the same line of --references are scored, one
+line a pair: the log-probability (natural log) of the whole reference, a tab, then that of each of its
+SentencePiece tokens and of the EOS after them, given the source and the tokens before (teacher forcing;
+``evaluation.reference_scores``).
 """
 
 import json
@@ -52,6 +58,11 @@ _THREADS = flags.DEFINE_integer(
 _EXPORT_DIR = flags.DEFINE_string(
     "export_dir", None, "--engine=ctranslate2: the export to decode with (default: "
     "<workdir>/export/ctranslate2).")
+_SCORE = flags.DEFINE_bool(
+    "score", False, "Score the --references instead of translating: one line a pair, the reference's "
+    "log-probability, a tab, then each of its tokens' and EOS's (natural log).")
+_REFERENCES = flags.DEFINE_string(
+    "references", None, "--score: the translations to score, one a line, beside the source lines.")
 _STATS = flags.DEFINE_bool(
     "stats", False, "Print sentences/s and target tokens/s as one JSON line on stderr.")
 
@@ -59,17 +70,42 @@ _STATS = flags.DEFINE_bool(
 def main(argv):
     logging.set_verbosity(logging.WARNING)
     compile_cache.enable(_COMPILATION_CACHE_DIR.value)
-    stats = workdir_scoring.translate_workdir(
+    if _SCORE.value:
+        stats = _score()
+    else:
+        if _REFERENCES.value is not None:
+            raise errors.ConfigError("--references applies to --score; add --score to score them, or leave "
+                                     "--references out to translate")
+        stats = _translate()
+    if _STATS.value:
+        print(json.dumps(stats), file=sys.stderr)
+
+
+def _score() -> dict:
+    for flag in (_BEAM_SIZE, _ALPHA, _MAX_EXTRA_LEN, _TRUNCATE):
+        if flag.present:
+            raise errors.ConfigError(f"--{flag.name} sets the search; --score searches nothing (it scores "
+                                     "the given references): leave it out")
+    if _REFERENCES.value is None:
+        raise errors.ConfigError("--score needs --references=FILE: the translations to score, one a line "
+                                 "beside the source lines")
+    return workdir_scoring.score_workdir(
+        _WORKDIR.value, references_path=_REFERENCES.value, input_path=_INPUT.value, output_path=_OUTPUT.value,
+        step=_STEP.value, average_last=_AVERAGE_LAST.value, tokens_per_batch=_TOKENS_PER_BATCH.value,
+        show_progress=_PROGRESS.value, engine=_ENGINE.value, threads=_THREADS.value,
+        export_dir=_EXPORT_DIR.value)
+
+
+def _translate() -> dict:
+    return workdir_scoring.translate_workdir(
         _WORKDIR.value, input_path=_INPUT.value, output_path=_OUTPUT.value, step=_STEP.value,
         average_last=_AVERAGE_LAST.value, beam_size=_BEAM_SIZE.value, alpha=_ALPHA.value,
         max_extra_len=_MAX_EXTRA_LEN.value, truncate=_TRUNCATE.value,
         tokens_per_batch=_TOKENS_PER_BATCH.value, show_progress=_PROGRESS.value, engine=_ENGINE.value,
         threads=_THREADS.value, export_dir=_EXPORT_DIR.value)
-    if _STATS.value:
-        print(json.dumps(stats), file=sys.stderr)
 
 
 if __name__ == "__main__":
     errors.run_main(main, keep_freed_memory=False,  # decoding: see runtime/host_memory.py
-                    interrupted="no translation was written (they are written whole at the end). Run the "
+                    interrupted="nothing was written (the output is written whole at the end). Run the "
                                 "same command again to translate.")

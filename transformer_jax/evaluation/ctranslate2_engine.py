@@ -426,7 +426,7 @@ class Engine:
             end = min([out.index(t) for t in (EOS_ID, PAD_ID) if t in out], default=len(out))
             targets.append([self.pieces[i] for i in out[:end]])
         results = self.translator.score_batch([self._source_pieces(s) for s in ids], targets,
-                                              max_input_length=0)
+                                              max_batch_size=self.max_batch_size, max_input_length=0)
         return [np.asarray(r.log_probs, np.float32) for r in results]
 
 

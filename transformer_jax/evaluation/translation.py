@@ -265,24 +265,25 @@ def progress_bar(total: int, enabled: bool):
                      mininterval=0.5, delay=1.0)  # delay: an error found at once prints no bar first
 
 
-def read_lines(path: str | None) -> list[str]:
+def read_lines(path: str | None, *, flag: str = "--input") -> list[str]:
     """The lines of ``path`` (stdin when None; a named pipe or ``/dev/stdin`` reads too), without their
     line ends.
 
-    Raises DataError naming the line for bytes that are not UTF-8 and for a NUL byte (a binary file).
+    Raises DataError naming the line for bytes that are not UTF-8 and for a NUL byte (a binary file);
+    errors about the path name it as ``flag``.
     """
     if path is None:
         data, name = sys.stdin.buffer.read(), "<stdin>"
     else:
         if os.path.isdir(path):
-            raise ConfigError(f"--input={path} is a folder; expected a text file, one sentence a line")
+            raise ConfigError(f"{flag}={path} is a folder; expected a text file, one sentence a line")
         try:  # any file that reads: a regular file, a named pipe, /dev/stdin
             with open(path, "rb") as f:
                 data = f.read()
         except FileNotFoundError:
-            raise MissingFileError(f"--input={path}: no such file") from None
+            raise MissingFileError(f"{flag}={path}: no such file") from None
         except OSError as e:
-            raise ConfigError(f"--input={path}: cannot read it ({e.strerror or e})") from None
+            raise ConfigError(f"{flag}={path}: cannot read it ({e.strerror or e})") from None
         name = path
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":  # the final line end, not an empty last line

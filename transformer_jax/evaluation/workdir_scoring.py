@@ -28,13 +28,20 @@ from transformer_jax.checkpoints.restore import Restored, averaged_params, resto
 from transformer_jax.data.sources import read_parallel_numbered
 from transformer_jax.data.treebank import is_parsing
 from transformer_jax.evaluation import by_length as length_lib
-from transformer_jax.evaluation import ctranslate2_engine, evaluate_args, scoring, tasks, translation
+from transformer_jax.evaluation import (
+    ctranslate2_engine,
+    evaluate_args,
+    reference_scores,
+    scoring,
+    tasks,
+    translation,
+)
 from transformer_jax.evaluation.translation import Settings
 from transformer_jax.model import ensemble as ensemble_lib
 from transformer_jax.model.config import ModelConfig
 from transformer_jax.model.ensemble import Ensemble
 from transformer_jax.runtime import provenance
-from transformer_jax.runtime.errors import ConfigError, MissingFileError
+from transformer_jax.runtime.errors import ConfigError, DataError, MissingFileError
 from transformer_jax.runtime.output_file import OutputFile, refuse_the_input, stop_signals_held, write_stdout
 
 
@@ -272,30 +279,10 @@ def _decodable_length(model_config: ModelConfig, data_config, max_extra_len: int
     return limit
 
 
-def translate_workdir(workdir: str, *, input_path: str | None = None, output_path: str | None = None,
-                      step: int | None = None, average_last: int | None = None,
-                      beam_size: int | None = None,
-                      alpha: float | None = None, max_extra_len: int | None = None,
-                      truncate: bool = False, tokens_per_batch: int | None = None,
-                      show_progress: bool | None = None, engine: str = "jax", threads: int | None = None,
-                      export_dir: str | None = None) -> dict[str, Any]:
-    """Translates the lines of ``input_path`` (or stdin) with a ``train.py`` workdir, into ``output_path``.
-
-    Writes one translation a line, in the input order, to ``output_path`` or stdout.
-
-    Settings left at None take the run config's ``final_average_last``, ``final_beam_size``,
-    ``final_alpha`` and ``final_max_extra_len``. Every flag, the output path and the input are checked
-    before the model is restored; ``output_path`` is replaced whole at the end, or not at all. The
-    progress bar (stderr) shows by default when the input is a file or redirected.
-
-    ``engine="ctranslate2"`` decodes with the export in ``export_dir`` (default
-    ``<workdir>/export/ctranslate2``, made first when missing) on ``threads`` CPU threads
-    (``ctranslate2_engine``); the JAX engine is the reference.
-
-    Returns:
-      ``num_sentences``, ``decode_seconds`` (search and detokenization, compilation included),
-      ``sentences_per_second`` and ``target_tokens_per_second`` (SentencePiece tokens of the outputs).
-    """
+def _check_flags(workdir: str, *, step, average_last, beam_size, alpha, max_extra_len, tokens_per_batch,
+                 engine: str, threads, export_dir) -> None:
+    """ConfigError (MissingFileError for the workdir) for a flag of translate out of its range, or not for
+    ``engine``; nothing is read but the workdir's existence."""
     for flag, value, minimum, what in (
             ("step", step, 0, "a saved checkpoint step; leave it out for the latest"),
             ("average_last", average_last, 0, "0 or 1: no averaging; N: the last N checkpoints"),
@@ -321,6 +308,35 @@ def translate_workdir(workdir: str, *, input_path: str | None = None, output_pat
     if not os.path.isdir(workdir):
         raise MissingFileError(f"--workdir={workdir}: no such directory; pass the --workdir of a "
                                "train.py run")
+
+
+def translate_workdir(workdir: str, *, input_path: str | None = None, output_path: str | None = None,
+                      step: int | None = None, average_last: int | None = None,
+                      beam_size: int | None = None,
+                      alpha: float | None = None, max_extra_len: int | None = None,
+                      truncate: bool = False, tokens_per_batch: int | None = None,
+                      show_progress: bool | None = None, engine: str = "jax", threads: int | None = None,
+                      export_dir: str | None = None) -> dict[str, Any]:
+    """Translates the lines of ``input_path`` (or stdin) with a ``train.py`` workdir, into ``output_path``.
+
+    Writes one translation a line, in the input order, to ``output_path`` or stdout.
+
+    Settings left at None take the run config's ``final_average_last``, ``final_beam_size``,
+    ``final_alpha`` and ``final_max_extra_len``. Every flag, the output path and the input are checked
+    before the model is restored; ``output_path`` is replaced whole at the end, or not at all. The
+    progress bar (stderr) shows by default when the input is a file or redirected.
+
+    ``engine="ctranslate2"`` decodes with the export in ``export_dir`` (default
+    ``<workdir>/export/ctranslate2``, made first when missing) on ``threads`` CPU threads
+    (``ctranslate2_engine``); the JAX engine is the reference.
+
+    Returns:
+      ``num_sentences``, ``decode_seconds`` (search and detokenization, compilation included),
+      ``sentences_per_second`` and ``target_tokens_per_second`` (SentencePiece tokens of the outputs).
+    """
+    _check_flags(workdir, step=step, average_last=average_last, beam_size=beam_size, alpha=alpha,
+                 max_extra_len=max_extra_len, tokens_per_batch=tokens_per_batch, engine=engine,
+                 threads=threads, export_dir=export_dir)
     if output_path is not None:
         refuse_the_input(output_path, input_path)
     # The output path is checked (and its temporary file made) before anything is read or decoded.
@@ -333,6 +349,69 @@ def translate_workdir(workdir: str, *, input_path: str | None = None, output_pat
                                     threads)
         return _translate_lines(model, lines, output, input_path=input_path, truncate=truncate,
                                 show_progress=show_progress)
+
+
+def score_workdir(workdir: str, *, references_path: str, input_path: str | None = None,
+                  output_path: str | None = None, step: int | None = None, average_last: int | None = None,
+                  tokens_per_batch: int | None = None, show_progress: bool | None = None,
+                  engine: str = "jax", threads: int | None = None,
+                  export_dir: str | None = None) -> dict[str, Any]:
+    """Scores each (line of ``input_path`` or stdin, same line of ``references_path``) pair with a
+    ``train.py`` workdir's model: one line a pair to ``output_path`` or stdout
+    (``reference_scores.format_scores``: the sum, then each reference token's and EOS's log-probability).
+
+    The model, its averaging and the engines are translate's (:func:`translate_workdir`); every flag, the
+    output path and both inputs are checked before the model is restored, and ``output_path`` is replaced
+    whole at the end, or not at all.
+
+    Returns:
+      ``num_sentences``, ``score_seconds`` (compilation included), ``sentences_per_second`` and
+      ``target_tokens_per_second`` (the references' tokens, EOS included).
+    """
+    _check_flags(workdir, step=step, average_last=average_last, beam_size=None, alpha=None,
+                 max_extra_len=None, tokens_per_batch=tokens_per_batch, engine=engine, threads=threads,
+                 export_dir=export_dir)
+    if output_path is not None:
+        refuse_the_input(output_path, input_path)
+        refuse_the_input(output_path, references_path, input_flag="--references")
+    with OutputFile(output_path) if output_path is not None else contextlib.nullcontext() as output:
+        sources = translation.read_lines(input_path)
+        references = translation.read_lines(references_path, flag="--references")
+        name = input_path or "<stdin>"
+        if len(references) != len(sources):
+            raise DataError(f"--references={references_path} has {len(references)} lines and {name} has "
+                            f"{len(sources)}; expected one reference a source line")
+        if engine == "jax":
+            model = _jax_model(workdir, step, average_last, None, None, None, tokens_per_batch)
+        else:
+            model = _exported_model(workdir, export_dir, step, average_last, None, None, None, threads)
+        limit = translation.decodable_positions(model.model_config, model.engine)
+        why = "" if limit is None else translation.limit_holder(model.model_config, model.engine)
+        ids, reference_ids = reference_scores.pair_ids(
+            model.tokenizer, sources, references, max_length=limit, why=why,
+            locations=[f"{name}:{n} and {references_path}:{n}" for n in range(1, len(sources) + 1)])
+        if show_progress is None:
+            show_progress = input_path is not None or not sys.stdin.isatty()
+        start = time.perf_counter()
+        with translation.progress_bar(len(ids), show_progress) as bar:
+            if model.score_fn is None:
+                scores = reference_scores.score_ids(model.params, model.model_config, ids, reference_ids,
+                                                    tokens_per_batch=model.tokens_per_batch,
+                                                    progress=bar.update)
+            else:
+                scores = model.score_fn(ids, reference_ids)
+                bar.update(len(ids))
+        seconds = time.perf_counter() - start
+        text = reference_scores.format_scores(scores)
+        if output is None:
+            write_stdout(text)
+        else:
+            output.write(text)
+    tokens = sum(len(s) for s in scores)
+    return {"num_sentences": len(ids), "score_seconds": seconds, "sentences_per_second": len(ids) / seconds,
+            "target_tokens_per_second": tokens / seconds, "step": model.step,
+            "average_last": model.average_last, "engine": model.engine,
+            **({"compute_type": model.compute_type} if model.compute_type else {})}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -348,6 +427,7 @@ class _Model:
     engine: str
     tokens_per_batch: int | None = None  # the JAX engine's batch budget
     decode_fn: Callable[..., list[np.ndarray]] | None = None  # another engine's decode_ids
+    score_fn: Callable[..., list[np.ndarray]] | None = None  # and its score (reference_scores.score_ids)
     compute_type: str | None = None  # CTranslate2's, as it runs on this machine
 
 
@@ -397,7 +477,7 @@ def _exported_model(workdir: str, export_dir, step, average_last, beam_size, alp
     defaults = Settings(decoding["beam_size"], decoding["alpha"], decoding["max_extra_len"])
     return _Model(None, ModelConfig(**record["model"]), tokenizer,
                   _settings(defaults, beam_size, alpha, max_extra_len), record["step"],
-                  record["average_last"], "ctranslate2", decode_fn=engine.decode_ids,
+                  record["average_last"], "ctranslate2", decode_fn=engine.decode_ids, score_fn=engine.score,
                   compute_type=engine.compute_type)
 
 

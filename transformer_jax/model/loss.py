@@ -135,3 +135,20 @@ def summarize(sums: dict) -> dict[str, float]:
            "num_tokens": sums["num_tokens"]}
     out["ppl"] = float(np.exp(min(out["nll"], 50.0)))
     return out
+
+
+def token_log_probs(params, inputs: jax.Array, targets: jax.Array, *, model: Transformer) -> jax.Array:
+    """float32[batch, tgt_len]: log P(targets[b, t] | inputs[b], targets[b, :t]) of a deterministic
+    forward pass (teacher forcing), for int32[batch, src_len] inputs and int32[batch, tgt_len] targets;
+    the values at PAD targets are meaningless. ``params`` may be an ``ensemble.Ensemble`` (its mean
+    distribution). Pure."""
+    logits = ensemble.apply(params, lambda p: model.apply({"params": p}, inputs, targets))
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+
+
+@functools.lru_cache(maxsize=8)
+def make_token_log_probs(model_config: ModelConfig) -> Callable[..., jax.Array]:
+    """The jitted :func:`token_log_probs` of the deterministic model: ``fn(params, inputs, targets)``."""
+    model = Transformer(model_config.replace(deterministic=True, decode=False))
+    return jax.jit(functools.partial(token_log_probs, model=model))
