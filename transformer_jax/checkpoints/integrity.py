@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer_jax.model.config import ModelConfig
 from transformer_jax.runtime.errors import UserError
 
 DIGEST_FORMAT = 1  # bump when state_digest changes; older digests are then not compared
@@ -202,12 +203,21 @@ def _as_dict(config: Any) -> dict:
 
 
 def _differences(saved_config: Any, new_config: Any) -> list[tuple[str, Any, Any]]:
-    """(field, saved, new) for every model and vocabulary field in which the configs differ."""
+    """(field, saved, new) for every model and vocabulary field in which the configs differ.
+
+    A model field missing from a config (one saved before the field existed) is compared as its default,
+    as ``run_config_from_saved`` restores it: a field is added with the default that keeps the model it
+    was added to.
+    """
     saved, new = _as_dict(saved_config), _as_dict(new_config)
     old_fields, new_fields = {}, {}
+    model_defaults = _flatten(ModelConfig.settable_defaults(), "model")
     for section in COMPARED_SECTIONS:
         old_fields.update(_flatten(saved.get(section, {}), section))
         new_fields.update(_flatten(new.get(section, {}), section))
+    for fields in (old_fields, new_fields):
+        for key, default in model_defaults.items():
+            fields.setdefault(key, default)
     for name in COMPARED_DATA_FIELDS:
         for fields, config in ((old_fields, saved), (new_fields, new)):
             if name in config.get("data", {}):
@@ -221,8 +231,9 @@ def model_differences(saved_config: Any, new_config: Any) -> list[str]:
     """``["model.d_model: saved 32, new 64", ...]``: the fields that decide the arrays' shapes or meaning
     (the model's, and the vocabulary's) in which the configs differ; ``RUN_TIME_FIELDS`` are not compared.
 
-    Both configs may be dicts (a checkpoint's saved JSON) or ConfigDicts. A field missing on one side
-    counts as a difference only if the other side sets it to something other than None. A field of
+    Both configs may be dicts (a checkpoint's saved JSON) or ConfigDicts. A model field missing on one side
+    is read as its default (``_differences``); any other field missing on one side counts as a difference
+    only if the other side sets it to something other than None. A field of
     ``SCHEME_FIELDS`` counts only where either side uses a position scheme that reads it (so a config saved
     before the field existed resumes under the other schemes).
     """
