@@ -2,6 +2,7 @@
 one-pair forward pass; the sums equal the perplexity metric's; the command pairs lines, the CTranslate2
 engine agrees with the JAX one, and bad input is one line that writes nothing."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from transformer_jax.model.special_ids import EOS_ID
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 23
 # Source and reference lengths (without EOS) of the pairs: empty ones, and lengths across three buckets.
-LENGTHS = [(0, 3), (5, 0), (1, 1), (7, 9), (12, 4), (3, 17), (20, 19), (9, 9)]
+LENGTHS = [(0, 3), (5, 0), (7, 9), (12, 4), (3, 17), (20, 19)]
 
 
 def _pairs(seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -38,12 +39,15 @@ def _model(position_encoding: str) -> tuple[ModelConfig, dict]:
     return cfg, model_lib.init_params(cfg, rng=jax.random.key(3, impl="rbg"))
 
 
+@functools.partial(jax.jit, static_argnums=1)
+def _logits(params, cfg: ModelConfig, inputs, targets) -> jax.Array:
+    return model_lib.Transformer(cfg.replace(deterministic=True)).apply({"params": params}, inputs, targets)
+
+
 def _one_pair_log_probs(params, cfg: ModelConfig, source: np.ndarray, reference: np.ndarray) -> np.ndarray:
     """float64[len(reference) + 1]: log-softmax (in float64) of the unpadded one-pair forward pass."""
     target = np.append(reference, EOS_ID).astype(np.int32)
-    logits = model_lib.Transformer(cfg.replace(deterministic=True)).apply(
-        {"params": params}, source[None], target[None])[0]
-    logits = np.asarray(logits, np.float64)
+    logits = np.asarray(_logits(params, cfg, source[None], target[None])[0], np.float64)
     log_probs = logits - np.log(np.sum(np.exp(logits - logits.max(-1, keepdims=True)), -1,
                                        keepdims=True)) - logits.max(-1, keepdims=True)
     return log_probs[np.arange(len(target)), target]
@@ -54,7 +58,7 @@ def test_each_token_equals_the_one_pair_forward_whatever_the_batch(position_enco
     cfg, params = _model(position_encoding)
     sources, references = _pairs()
     expected = [_one_pair_log_probs(params, cfg, s, r) for s, r in zip(sources, references, strict=True)]
-    for budget in (None, 24):  # every pair in its bucket's one batch; one to three rows a batch
+    for budget in (None, 24):  # every pair in one batch; one to three rows a batch
         scores = reference_scores.score_ids(params, cfg, sources, references, tokens_per_batch=budget)
         assert [len(s) for s in scores] == [m + 1 for _, m in LENGTHS]  # each token, then EOS
         for ours, theirs in zip(scores, expected, strict=True):
