@@ -28,6 +28,7 @@ workers inherit it) and removes it when it ends. It holds:
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,6 +41,11 @@ def with_test_xla_flags(flags: str = "") -> str:
     return flags if TEST_XLA_FLAGS in flags else f"{TEST_XLA_FLAGS} {flags}".strip()
 
 
+# A suite started in the background by a non-interactive shell (`cmd &` in a script, nohup) inherits SIGINT
+# ignored, and an ignored signal stays ignored across exec: the tools the Ctrl-C tests interrupt would never
+# see it. A handler (not SIG_IGN) is reset to the default in every child.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 os.environ["JAX_DEFAULT_MATMUL_PRECISION"] = "highest"  # before jax is imported, as are the two below
 RUN_DIR_VARIABLE = "TRANSFORMER_JAX_TEST_RUN"
 if RUN_DIR_VARIABLE not in os.environ:
