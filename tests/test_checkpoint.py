@@ -506,15 +506,17 @@ def test_a_config_saved_before_model_fields_existed_compares_them_as_their_defau
     new = json.loads(json.dumps(dict(run_config.build_run_config(config, environment=False).saved)))
     old = json.loads(json.dumps(new))
     defaults = ModelConfig.settable_defaults()
-    added = [name for name in ("norm_style", "position_encoding", "max_relative_position")
+    added = [name for name in ("norm_style", "position_encoding", "max_relative_position", "ffn_activation")
              if new["model"][name] == defaults[name]]
-    assert len(added) == 3  # fields of the default config at their defaults: as if added after the save
+    assert len(added) == 4  # fields of the default config at their defaults: as if added after the save
     for name in added:
         del old["model"][name]
     assert checks.model_differences(old, new) == [] and checks.run_time_differences(old, new) == []
     assert run_config.run_config_from_saved(old).model == run_config.run_config_from_saved(new).model
     new["model"]["norm_style"] = "pre"
     assert checks.model_differences(old, new) == ["model.norm_style: saved 'post', new 'pre'"]
+    new["model"]["norm_style"], new["model"]["ffn_activation"] = "post", "gelu"
+    assert checks.model_differences(old, new) == ["model.ffn_activation: saved 'relu', new 'gelu'"]
 
 
 def test_a_resume_refuses_another_position_scheme_and_another_relative_clip_distance():

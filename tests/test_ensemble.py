@@ -106,6 +106,8 @@ def test_members_may_differ_in_how_they_were_trained_not_in_their_shape():
     assert shape_differences(CFG, trained_otherwise) == []
     assert shape_differences(CFG, CFG.replace(attention_impl="blockwise")) == []
     assert shape_differences(CFG, CFG.replace(d_ff=26)) == ["d_ff=26 (first: 24)"]
+    assert shape_differences(CFG, CFG.replace(ffn_activation="swish")) == [
+        "ffn_activation='swish' (first: 'relu')"]  # the same shapes, another function
     assert shape_differences(CFG, CFG.replace(num_decoder_layers=3, norm_style="pre")) == [
         "num_decoder_layers=3 (first: 2)", "norm_style='pre' (first: 'post')"]
     learned = CFG.replace(position_encoding="learned")

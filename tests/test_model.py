@@ -82,6 +82,7 @@ def test_base_param_count_by_hand():
     (dict(position_encoding="relative", max_relative_position=0), "max_relative_position must be"),
     (dict(position_encoding="rotary", d_k=5, d_v=5), "d_k must be even"),
     (dict(norm_style="sandwich"), "norm_style must be one of"),
+    (dict(ffn_activation="tanh"), "ffn_activation must be one of .*'gelu_sigmoid'.* got 'tanh'"),
     (dict(attention_init="xavier"), "attention_init must be one of .* got 'xavier'"),
     (dict(dtype="float16"), "dtype must be one of"),
 ])

@@ -12,7 +12,8 @@ decoder layer in each norm style and with every position scheme:
     sqrt(d_k) added to the logits and sum_j w_ij a^V_c(j-i) to the output, c = clip to [-k, k]), none;
   * multi-head attention softmax(Q K^T / sqrt(d_k)) V with the source padding mask (encoder
     self-attention, encoder-decoder attention) and the causal mask (decoder self-attention);
-  * FFN(x) = max(0, x W_1 + b_1) W_2 + b_2;
+  * FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, and with each other ``ffn_activation`` in place of max(0, .)
+    (the erf GELU, its tanh and sigmoid approximations, swish);
   * LayerNorm with epsilon 1e-6 (Flax's default), post-norm LN(x + f(x)) and pre-norm x + f(LN(x)) with
     the final LayerNorm of a pre-norm stack.
 
@@ -25,6 +26,7 @@ import math
 import jax
 import numpy as np
 import pytest
+import scipy.special
 from tiny import random_params
 
 from transformer_jax.model import transformer as model_lib
@@ -42,10 +44,11 @@ SCHEMES = ("sinusoidal", "learned", "rotary", "alibi", "relative", "none")
 SCHEME_FIELDS = {"rotary": {"d_k": 10}, "alibi": {"num_heads": 3}, "relative": {"max_relative_position": 2}}
 
 
-def _config(norm_style: str, position_encoding: str) -> ModelConfig:
+def _config(norm_style: str, position_encoding: str, ffn_activation: str = "relu") -> ModelConfig:
     fields = dict(vocab_size=VOCAB, d_model=D_MODEL, d_ff=D_FF, num_heads=NUM_HEADS, d_k=D_K, d_v=D_V,
                   num_encoder_layers=1, num_decoder_layers=1, max_len=MAX_LEN, dropout_rate=0.1,
-                  norm_style=norm_style, position_encoding=position_encoding, deterministic=True)
+                  norm_style=norm_style, position_encoding=position_encoding,
+                  ffn_activation=ffn_activation, deterministic=True)
     return ModelConfig(**{**fields, **SCHEME_FIELDS.get(position_encoding, {})})
 
 
@@ -147,9 +150,23 @@ def _attention(x_q: np.ndarray, x_kv: np.ndarray, mask: np.ndarray, p, cfg: Mode
     return np.concatenate(heads, axis=-1) @ w_o
 
 
-def _ffn(x: np.ndarray, p) -> np.ndarray:
-    """float[batch, length, d_model] -> same: max(0, x W_1 + b_1) W_2 + b_2."""
-    hidden = np.maximum(0.0, x @ p["wi"]["kernel"] + p["wi"]["bias"])  # [B, L, d_ff]
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+# Each ModelConfig.ffn_activation, written out from its formula.
+ACTIVATIONS = {
+    "relu": lambda x: np.maximum(0.0, x),
+    "gelu": lambda x: 0.5 * x * (1.0 + scipy.special.erf(x / np.sqrt(2.0))),
+    "gelu_tanh": lambda x: 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3))),
+    "gelu_sigmoid": lambda x: x * _sigmoid(1.702 * x),
+    "swish": lambda x: x * _sigmoid(x),
+}
+
+
+def _ffn(x: np.ndarray, p, activation: str) -> np.ndarray:
+    """float[batch, length, d_model] -> same: act(x W_1 + b_1) W_2 + b_2 (the paper's act: max(0, .))."""
+    hidden = ACTIVATIONS[activation](x @ p["wi"]["kernel"] + p["wi"]["bias"])  # [B, L, d_ff]
     return hidden @ p["wo"]["kernel"] + p["wo"]["bias"]
 
 
@@ -187,7 +204,7 @@ def _encoder_layer(x: np.ndarray, mask: np.ndarray, p, cfg: ModelConfig) -> np.n
     norm_style = cfg.norm_style
     x = _sublayer(x, lambda y: _attention(y, y, mask, p["self_attention"], cfg), p["attention_block"]["norm"],
                   norm_style)
-    return _sublayer(x, lambda y: _ffn(y, p["ffn"]), p["ffn_block"]["norm"], norm_style)
+    return _sublayer(x, lambda y: _ffn(y, p["ffn"], cfg.ffn_activation), p["ffn_block"]["norm"], norm_style)
 
 
 def _decoder_layer(x: np.ndarray, encoded: np.ndarray, self_mask: np.ndarray, cross_mask: np.ndarray, p,
@@ -203,7 +220,7 @@ def _decoder_layer(x: np.ndarray, encoded: np.ndarray, self_mask: np.ndarray, cr
                   p["self_attention_block"]["norm"], norm_style)
     x = _sublayer(x, lambda y: _attention(y, encoded, cross_mask, p["cross_attention"]),
                   p["cross_attention_block"]["norm"], norm_style)
-    return _sublayer(x, lambda y: _ffn(y, p["ffn"]), p["ffn_block"]["norm"], norm_style)
+    return _sublayer(x, lambda y: _ffn(y, p["ffn"], cfg.ffn_activation), p["ffn_block"]["norm"], norm_style)
 
 
 def reference_encode(params, src: np.ndarray, cfg: ModelConfig) -> np.ndarray:
@@ -254,3 +271,15 @@ def test_forward_matches_numpy_reference(norm_style, position_encoding):
     assert logits.shape == (BATCH, TGT_LEN, VOCAB)
     np.testing.assert_allclose(np.asarray(logits), reference_logits(_np(params), src, tgt, cfg),
                                rtol=RTOL, atol=ATOL, err_msg="logits")
+
+
+@pytest.mark.parametrize("ffn_activation", [a for a in ACTIVATIONS if a != "relu"])
+def test_each_ffn_activation_matches_numpy_reference(ffn_activation):
+    """Pre-norm, so the FFN's output reaches the logits without a LayerNorm between: the tanh GELU in place of
+    the erf one moved the logits by 3.7e-4, far above the tolerance."""
+    cfg = _config("pre", "sinusoidal", ffn_activation)
+    params = random_params(cfg, seed=7)
+    src, tgt = _batch(seed=11)
+    logits = model_lib.Transformer(cfg).apply({"params": params}, src, tgt)
+    np.testing.assert_allclose(np.asarray(logits), reference_logits(_np(params), src, tgt, cfg),
+                               rtol=RTOL, atol=ATOL, err_msg=ffn_activation)

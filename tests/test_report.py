@@ -131,6 +131,7 @@ def test_missing_results_and_bleu_result_objects():
     ({"model.position_encoding": "learned"}, "model.position_encoding='learned' (paper: 'sinusoidal')"),
     ({"model.position_encoding": "rotary"}, "model.position_encoding='rotary' (paper: 'sinusoidal')"),
     ({"model.position_encoding": "none"}, "model.position_encoding='none' (paper: 'sinusoidal')"),
+    ({"model.ffn_activation": "swish"}, "model.ffn_activation='swish' (paper: 'relu')"),
     ({"model.position_encoding": "relative", "model.max_relative_position": 8},
      "model.position_encoding='relative' (paper: 'sinusoidal'); model.max_relative_position=8 (paper: "
      "none, its positions are 'sinusoidal')"),

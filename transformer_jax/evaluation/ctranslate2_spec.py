@@ -19,6 +19,7 @@ our own decoder:
     per query row, which the softmax ignores) and, in its encoder, which has no ALiBi, T5's bucketed
     ``relative_attention_bias`` holding ``-m_h |j - i|`` (:func:`_alibi_buckets`: exact for distances
     below ``exported_positions``);
+  * the feed-forward activation is CTranslate2's member of the same function (``ACTIVATION_EXPORTS``);
   * LayerNorm epsilon is Flax's 1e-6 (CTranslate2's default is 1e-5);
   * the shared embedding is the source and target embedding (times sqrt(d_model)) and the output
     projection, without bias;
@@ -60,6 +61,9 @@ def import_ctranslate2():
 POSITION_EXPORTS = {"sinusoidal": "table", "learned": "table", "none": "table", "rotary": "rotary",
                     "relative": "relative", "alibi": "alibi"}
 _REFUSED_POSITIONS: dict[str, str] = {}
+# Each feed-forward activation as CTranslate2's ``common_spec.Activation`` member.
+ACTIVATION_EXPORTS = {"relu": "RELU", "gelu": "GELU", "gelu_tanh": "GELUTanh", "gelu_sigmoid": "GELUSigmoid",
+                      "swish": "SWISH"}
 # Positions the exported sinusoid (and the zero table of ``none``, and ALiBi's encoder buckets) cover when
 # max_len is shorter: the JAX engine takes any length under these schemes, and CTranslate2 stops at the end
 # of a table.
@@ -69,6 +73,7 @@ TABLE_POSITIONS = 1024
 _MAPPED_FIELDS = {"vocab_size": None, "d_model": None, "d_ff": None, "num_heads": None, "d_k": None,
                   "d_v": None, "num_encoder_layers": None, "num_decoder_layers": None, "max_len": None,
                   "position_encoding": tuple(POSITION_EXPORTS), "norm_style": ("post", "pre"),
+                  "ffn_activation": tuple(ACTIVATION_EXPORTS),
                   "max_relative_position": None}  # relative: the tables' 2k + 1 rows carry it
 _INFERENCE_NEUTRAL_FIELDS = ("dropout_rate", "attention_dropout_rate", "attention_impl",
                              "attention_block_size", "attention_init", "dtype", "attention_witness",
@@ -225,17 +230,20 @@ def model_spec(params: Mapping[str, Any], model_config, pieces: Sequence[str]):
     """
     check_exportable(model_config)
     import_ctranslate2()
-    from ctranslate2.specs import transformer_spec
+    from ctranslate2.specs import common_spec, transformer_spec
 
     cfg = model_config
     pre_norm = cfg.norm_style == "pre"
+    activation = getattr(common_spec.Activation, ACTIVATION_EXPORTS[cfg.ffn_activation])
     default_head_dim = cfg.d_model // cfg.num_heads
     head_dim = None if cfg.d_k == default_head_dim and cfg.d_model % cfg.num_heads == 0 else cfg.d_k
     to_encoder, to_decoder = _position_options(cfg)
     encoder = transformer_spec.TransformerEncoderSpec(cfg.num_encoder_layers, cfg.num_heads,
-                                                      pre_norm=pre_norm, head_dim=head_dim, **to_encoder)
+                                                      pre_norm=pre_norm, head_dim=head_dim,
+                                                      activation=activation, **to_encoder)
     decoder = transformer_spec.TransformerDecoderSpec(cfg.num_decoder_layers, cfg.num_heads,
-                                                      pre_norm=pre_norm, head_dim=head_dim, **to_decoder)
+                                                      pre_norm=pre_norm, head_dim=head_dim,
+                                                      activation=activation, **to_decoder)
     embedding = params["shared_embedding"]["embedding"]  # [vocab, d_model]
     encoder.embeddings[0].weight = _array(embedding)
     decoder.embeddings.weight = _array(embedding)

@@ -18,6 +18,10 @@ POSITION_ENCODINGS = ("sinusoidal", "learned", "rotary", "alibi", "relative", "n
 # Schemes that put a bias or a relative term into the attention logits: only dense attention computes them.
 LOGIT_POSITION_ENCODINGS = ("alibi", "relative")
 NORM_STYLES = ("post", "pre")
+# The feed-forward network's nonlinearity. "relu" is the paper's (equation 2). "gelu" is the exact erf form
+# (Hugging Face's "gelu"), "gelu_tanh" its tanh approximation, "gelu_sigmoid" x * sigmoid(1.702 x) (Marian's
+# "gelu"), and "swish" x * sigmoid(x) (SiLU; most OPUS-MT models).
+FFN_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "gelu_sigmoid", "swish")
 ATTENTION_IMPLEMENTATIONS = ("dense", "blockwise", "fused")
 ATTENTION_INITS = ("matrix", "narrow")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -52,6 +56,7 @@ class ModelConfig:
     position_encoding: str = "sinusoidal"  # one of POSITION_ENCODINGS; "learned" is Table 3 row E
     max_relative_position: int = 16  # position_encoding="relative": distances are clipped to [-k, k]
     norm_style: str = "post"  # "post" is the paper's LayerNorm(x + Sublayer(x))
+    ffn_activation: str = "relu"  # one of FFN_ACTIVATIONS; "relu" is the paper's
     # "dense" forms the weights; "blockwise": memory O(n) in length (FlashAttention-style, in JAX);
     # "fused": jax.nn.dot_product_attention, cuDNN's flash attention on a GPU in bfloat16, XLA elsewhere
     attention_impl: str = "dense"
@@ -83,6 +88,7 @@ class ModelConfig:
                 raise ValueError(f"{name} must be in [0, 1), got {value!r}")
         for name, allowed in (("position_encoding", POSITION_ENCODINGS),
                               ("norm_style", NORM_STYLES),
+                              ("ffn_activation", FFN_ACTIVATIONS),
                               ("attention_impl", ATTENTION_IMPLEMENTATIONS),
                               ("attention_init", ATTENTION_INITS),
                               ("dtype", tuple(DTYPES))):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -234,8 +235,17 @@ class MultiHeadAttention(nn.Module):
         return out.reshape(batch * beams, 1, heads, d_k)
 
 
+def ffn_activation(name: str) -> Callable[[Array], Array]:
+    """The function of ``ModelConfig.ffn_activation`` ``name`` (one of ``config.FFN_ACTIVATIONS``)."""
+    return {"relu": nn.relu,
+            "gelu": functools.partial(nn.gelu, approximate=False),
+            "gelu_tanh": functools.partial(nn.gelu, approximate=True),
+            "gelu_sigmoid": lambda x: x * nn.sigmoid(1.702 * x),
+            "swish": nn.swish}[name]
+
+
 class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (equation 2)."""
+    """FFN(x) = act(x W_1 + b_1) W_2 + b_2: act is max(0, .) in the paper (equation 2); ``ffn_activation``."""
 
     config: ModelConfig
 
@@ -247,7 +257,7 @@ class FeedForward(nn.Module):
         h = dense(cfg.d_ff, kernel_init=nn.with_logical_partitioning(_dense_init(), (EMBED, MLP)),
                   bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (MLP,)),
                   name="wi")(x)
-        h = _constrain(nn.relu(h), (BATCH, LENGTH, MLP))
+        h = _constrain(ffn_activation(cfg.ffn_activation)(h), (BATCH, LENGTH, MLP))
         out = dense(cfg.d_model, kernel_init=nn.with_logical_partitioning(_dense_init(), (MLP, EMBED)),
                     bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (EMBED,)),
                     name="wo")(h)

@@ -45,7 +45,7 @@ LOGIT_COPIES = 3  # float32 [positions, vocab] arrays the loss and its gradient 
 MAP_COPIES = 4  # float32 score-sized arrays per attention: scores, masked exponentials, weights, gradient
 SUBLAYER_D_MODEL_COPIES = 4  # a sub-layer's input, output, residual sum and layer norm
 DROPOUT_D_MODEL_COPIES = 2  # a dropout's mask and output
-FFN_D_FF_COPIES = 3  # the FFN's pre-activation, ReLU output and its gradient
+FFN_D_FF_COPIES = 3  # the FFN's pre-activation, the activation's output and its gradient
 EMBED_D_MODEL_COPIES = 2  # per side: the scaled embedding and the position sum
 
 # What reduces a step's memory, for the messages below.
