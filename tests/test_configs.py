@@ -19,6 +19,7 @@ NEW_VALUES = {
     "num_decoder_layers": 5, "dropout_rate": 0.25, "attention_dropout_rate": 0.05, "max_len": 300,
     "position_encoding": "learned", "norm_style": "pre", "attention_impl": "blockwise",
     "attention_init": "matrix", "attention_block_size": 48, "dtype": "bfloat16", "max_relative_position": 7,
+    "ffn_activation": "swish",
     "attention_witness": True,  # last: the test below sets it apart
 }
 
