@@ -6,6 +6,7 @@ synthetic and treebank sources still take and which runs started before the cach
 """
 
 import logging
+import os
 import shutil
 
 import numpy as np
@@ -312,3 +313,24 @@ def test_a_damaged_dtype_in_a_manifest_without_its_own_sha256_is_found_and_rebui
     assert any(f"is damaged (manifest.json says the ids are '{dtype}'; this tokenizer's are uint16" in m
                for m in _warnings(caplog))
     _assert_same_batches(rebuilt, _in_memory(cfg, tok))
+
+
+def test_partial_chunk_files_of_this_hosts_ended_processes_are_removed_and_no_others(tmp_path):
+    """A worker killed mid-write leaves ``<chunk>.npz.tmp-<host>-<pid>``; the build removes those of its
+    host's ended processes, and keeps a live process's and another host's (a node sharing the folder)."""
+    import socket
+    import subprocess
+    import sys
+
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                           text=True, check=True)
+    host = socket.gethostname()
+    names = {"dead": f"000000000000-000000000010.npz.tmp-{host}-{int(ended.stdout)}",
+             "live": f"000000000010-000000000020.npz.tmp-{host}-{os.getpid()}",
+             "other host": f"000000000020-000000000030.npz.tmp-other-node-{int(ended.stdout)}",
+             "whole": "000000000030-000000000040.npz"}
+    for name in names.values():
+        (tmp_path / name).write_bytes(b"x")
+    corpus_cache.remove_dead_partials(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        names[k] for k in ("live", "other host", "whole"))

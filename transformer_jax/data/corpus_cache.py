@@ -35,7 +35,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
+import socket
 import sys
 import threading
 import time
@@ -62,6 +64,7 @@ from transformer_jax.data.sources import (
 from transformer_jax.data.text_form import TextForm, text_form_of
 from transformer_jax.data.tokenizer import SAMPLE_SEED, Tokenizer, check_vocab_size, train_tokenizer
 from transformer_jax.runtime.errors import DataError
+from transformer_jax.runtime.output_file import process_is_gone
 
 FORMAT = 1  # bump when the files or their content change; older entries are then not read
 CACHED_SOURCES = ("text", "tfds")  # the others are generated or small, and tokenized in memory
@@ -143,6 +146,21 @@ def write_chunk(path: Path, found: dict[str, Any], **arrays: np.ndarray) -> None
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)
+
+
+# A chunk file being written: ``<start>-<stop>.npz.tmp-<host>-<pid>`` (``write_chunk``).
+_PARTIAL_CHUNK = re.compile(r"\d+-\d+\.npz\.tmp-(?P<host>[A-Za-z0-9.-]+)-(?P<pid>\d+)")
+
+
+def remove_dead_partials(chunks_dir: Path) -> None:
+    """Removes the partial chunk files in ``chunks_dir`` of this host's processes that are gone: a worker
+    killed mid-write (the pool kills its workers when a task fails, as on a full disk) cannot remove its own.
+    Another host's, and a live process's, are left alone."""
+    host = socket.gethostname()
+    for path in chunks_dir.glob("*.npz.tmp-*"):
+        match = _PARTIAL_CHUNK.fullmatch(path.name)
+        if match and match["host"] == host and process_is_gone(int(match["pid"])):
+            path.unlink(missing_ok=True)
 
 
 def read_chunk(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
@@ -273,7 +291,8 @@ def build_encoded(folder: Path, chunks_dir: Path, corpus: TextCorpus | TfdsCorpu
     chunks = spans(corpus.num_rows, chunk_pairs)
     paths = [chunks_dir / f"{start:012d}-{stop:012d}.npz" for start, stop in chunks]
     disk_cache.make_dirs(chunks_dir)
-    for path in chunks_dir.glob("*.npz"):  # another chunk size's (partial files go with the folder)
+    remove_dead_partials(chunks_dir)  # of an earlier build that was killed
+    for path in chunks_dir.glob("*.npz"):  # another chunk size's
         if path not in paths:
             path.unlink()
     todo = [i for i, path in enumerate(paths) if read_chunk(path) is None]
@@ -295,6 +314,8 @@ def build_encoded(folder: Path, chunks_dir: Path, corpus: TextCorpus | TfdsCorpu
         done = sum(path.is_file() for path in paths)
         e.detail = f"{done} of {len(chunks)} chunks are encoded, kept in {chunks_dir} for the next start"
         raise
+    finally:  # the pool's workers have ended
+        remove_dead_partials(chunks_dir)
     return _join_chunks(folder, paths, corpus, dtype=ids_dtype(Tokenizer(tokenizer_proto).vocab_size))
 
 
